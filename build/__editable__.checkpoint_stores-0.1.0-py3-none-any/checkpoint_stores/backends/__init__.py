@@ -1,0 +1,1 @@
+/work/main/backends/__init__.py

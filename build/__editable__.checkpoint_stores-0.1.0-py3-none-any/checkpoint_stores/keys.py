@@ -1,0 +1,1 @@
+/work/main/core/keys.py
