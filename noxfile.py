@@ -24,7 +24,11 @@ def tests(session: nox.Session) -> None:
     for example in EXAMPLES:
         if os.path.isdir(example):
             session.install(example)
-    env = {"CHECKPOINT_STORES_REQUIRE_BACKENDS": os.environ.get("CHECKPOINT_STORES_REQUIRE_BACKENDS", "1")}
+    env = {
+        "CHECKPOINT_STORES_REQUIRE_BACKENDS": os.environ.get(
+            "CHECKPOINT_STORES_REQUIRE_BACKENDS", "1"
+        )
+    }
     session.run("python", "-m", "pytest", *session.posargs, env=env)
 
 

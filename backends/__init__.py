@@ -79,4 +79,6 @@ mongodb_plugin = BuiltinPlugin(
     {"mongodb": (_MONGODB, "mongodb"), "mongodb+srv": (_MONGODB, "mongodb")},
     "MongoDB (PyMongo native async)",
 )
-s3_plugin = BuiltinPlugin({"s3": (_S3, "s3")}, "S3 and compatibles (aiobotocore, conditional writes)")
+s3_plugin = BuiltinPlugin(
+    {"s3": (_S3, "s3")}, "S3 and compatibles (aiobotocore, conditional writes)"
+)

@@ -29,6 +29,7 @@ crash leaves every key old or new, and the head never names a missing record.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import errno
 import fcntl
@@ -403,16 +404,18 @@ class FileBackend:
         for start in range(0, len(entries), batch):
             chunk = entries[start : start + batch]
             values = await self._run(self._read_values_sync, chunk)
-            for (key, _), value in zip(chunk, values):
+            for (key, _), value in zip(chunk, values, strict=True):
                 if value is not None:  # deleted since the scan
                     yield key, value
 
-    def _list_entries_sync(self, thread_id: str, prefix: str) -> list[tuple[str, Path]]:
+    def _list_entries_sync(self, thread_id: str, prefix: str) -> builtins.list[tuple[str, Path]]:
         directory = self._thread_dir(thread_id, create=False)
         return [] if directory is None else self._entries(directory, prefix)
 
-    def _read_values_sync(self, chunk: list[tuple[str, Path]]) -> list[bytes | None]:
-        out: list[bytes | None] = []
+    def _read_values_sync(
+        self, chunk: builtins.list[tuple[str, Path]]
+    ) -> builtins.list[bytes | None]:
+        out: builtins.list[bytes | None] = []
         for key, path in chunk:
             found = self._read(path)
             out.append(found[2] if found is not None and found[0] == key else None)
@@ -423,8 +426,8 @@ class FileBackend:
         for thread_id in await self._run(self._list_threads_sync, prefix):
             yield thread_id
 
-    def _list_threads_sync(self, prefix: str) -> list[str]:
-        out: list[str] = []
+    def _list_threads_sync(self, prefix: str) -> builtins.list[str]:
+        out: builtins.list[str] = []
         try:
             entries = list(os.scandir(self._threads_dir))
         except FileNotFoundError:

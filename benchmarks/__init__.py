@@ -1,1 +1,4 @@
-"""Measured comparisons, not timed tests: ``nox -s bench`` or ``python -m benchmarks [NAME ...]``."""
+"""Measured comparisons, not timed tests.
+
+Run with ``nox -s bench`` or ``python -m benchmarks [NAME ...]``.
+"""

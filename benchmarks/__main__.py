@@ -18,8 +18,11 @@ from benchmarks._harness import Report, Unavailable
 def _names() -> list[str]:
     import benchmarks
 
-    return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules(benchmarks.__path__)
-                  if m.name.startswith("bench_"))
+    return sorted(
+        m.name[len("bench_") :]
+        for m in pkgutil.iter_modules(benchmarks.__path__)
+        if m.name.startswith("bench_")
+    )
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -67,20 +67,26 @@ class Report:
         return result
 
     def print_table(self) -> None:
-        table = Table(title="checkpoint-stores benchmarks (median per op; ratio = raw / ours)",
-                      title_justify="left")
+        table = Table(
+            title="checkpoint-stores benchmarks (median per op; ratio = raw / ours)",
+            title_justify="left",
+        )
         for column in ("group", "benchmark", "ours", "raw", "ratio", "target", ""):
             table.add_column(column)
         for r in self.results:
             table.add_row(
-                r.group, r.name, f"{r.ours_s * 1e6:,.1f} µs",
+                r.group,
+                r.name,
+                f"{r.ours_s * 1e6:,.1f} µs",
                 f"{r.raw_s * 1e6:,.1f} µs" if r.raw_s is not None else "-",
                 f"{r.ratio:.2f}" if r.ratio is not None else "-",
                 f">= {r.target:.2f}" if r.target is not None else "-",
                 {True: "[green]ok[/]", False: "[red]below[/]", None: r.note}[r.ok],
             )
         self.console.print(table)
-        self.console.print(f"python {platform.python_version()}, {os.cpu_count()} cpus, {platform.machine()}")
+        self.console.print(
+            f"python {platform.python_version()}, {os.cpu_count()} cpus, {platform.machine()}"
+        )
 
     def write_json(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as handle:
@@ -122,14 +128,26 @@ async def compare(
             sink.append(await _time(op, ops))
     ours_s = statistics.median(ours_times)
     raw_s = statistics.median(raw_times)
-    return report.add(Result(group, name, ours_s, raw_s, raw_s / ours_s, target, ops * rounds, note))
+    return report.add(
+        Result(group, name, ours_s, raw_s, raw_s / ours_s, target, ops * rounds, note)
+    )
 
 
-async def measure(report: Report, group: str, name: str, op: Op, *, ops: int = 200,
-                  rounds: int = 7, warmup: int = 20, note: str = "") -> Result:
+async def measure(
+    report: Report,
+    group: str,
+    name: str,
+    op: Op,
+    *,
+    ops: int = 200,
+    rounds: int = 7,
+    warmup: int = 20,
+    note: str = "",
+) -> Result:
     """Median per-op time of one operation (no baseline)."""
     for _ in range(warmup):
         await op()
     times = [await _time(op, ops) for _ in range(rounds)]
-    return report.add(Result(group, name, statistics.median(times), None, None, None,
-                             ops * rounds, note))
+    return report.add(
+        Result(group, name, statistics.median(times), None, None, None, ops * rounds, note)
+    )

@@ -34,7 +34,13 @@ from checkpoint_stores.keys import (
     runtime_key,
 )
 from checkpoint_stores.normalize import normalize_checkpoint_record
-from checkpoint_stores.plugins import BackendRegistry, get_registry, hookimpl, hookspec, open_backend
+from checkpoint_stores.plugins import (
+    BackendRegistry,
+    get_registry,
+    hookimpl,
+    hookspec,
+    open_backend,
+)
 from checkpoint_stores.schema import (
     CURRENT_SCHEMA_VERSION,
     Checkpoint,

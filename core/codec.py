@@ -211,7 +211,9 @@ class Codec:
         body = bytes(data[HEADER_SIZE:])
         if len(body) != length:
             state = "truncated" if len(body) < length else "has trailing bytes"
-            raise _corrupt(what, f"envelope {state}: body is {len(body)} bytes, header says {length}")
+            raise _corrupt(
+                what, f"envelope {state}: body is {len(body)} bytes, header says {length}"
+            )
         if zlib.crc32(body) != crc:
             raise _corrupt(what, "checksum mismatch (bit flip or partial write)")
         if flags & FLAG_ENCRYPTED:

@@ -1,21 +1,21 @@
 """The error hierarchy. Every message says what went wrong and what to do next.
 
-    CheckpointStoreError
-    ├── AgentCheckpointCorruptionError        a record is missing, malformed or unreadable
-    │   ├── CheckpointNotFoundError           no checkpoint where one was expected
-    │   ├── EffectIntegrityError              a stored effect output fails its hash
-    │   └── DecryptionError                   wrong or missing key, tampered ciphertext
-    ├── InvalidIdentifierError (ValueError)   an id or key the store cannot accept
-    ├── ValueTooLargeError (ValueError)       a value above the backend's declared maximum
-    ├── CheckpointEncodeError (ValueError)    a value that is not JSON (NaN, bytes, ...)
-    ├── BackendNotFoundError (LookupError)    no backend for a URL scheme
-    │   └── MissingDependencyError            the backend exists, its driver is not installed
-    ├── PluginLoadError                       a plugin failed to load (strict mode)
-    ├── StoreUnavailableError (ConnectionError)  the server cannot be reached or failed
-    ├── StaleWriterError                      a newer writer owns the run (fencing)
-    ├── CheckpointFlushError                  the write-behind writer could not make writes durable
-    ├── EffectConflictError                   a tool call was replayed with different input
-    └── EffectInDoubtError                    a tool started but its result was never recorded
+CheckpointStoreError
+├── AgentCheckpointCorruptionError        a record is missing, malformed or unreadable
+│   ├── CheckpointNotFoundError           no checkpoint where one was expected
+│   ├── EffectIntegrityError              a stored effect output fails its hash
+│   └── DecryptionError                   wrong or missing key, tampered ciphertext
+├── InvalidIdentifierError (ValueError)   an id or key the store cannot accept
+├── ValueTooLargeError (ValueError)       a value above the backend's declared maximum
+├── CheckpointEncodeError (ValueError)    a value that is not JSON (NaN, bytes, ...)
+├── BackendNotFoundError (LookupError)    no backend for a URL scheme
+│   └── MissingDependencyError            the backend exists, its driver is not installed
+├── PluginLoadError                       a plugin failed to load (strict mode)
+├── StoreUnavailableError (ConnectionError)  the server cannot be reached or failed
+├── StaleWriterError                      a newer writer owns the run (fencing)
+├── CheckpointFlushError                  the write-behind writer could not make writes durable
+├── EffectConflictError                   a tool call was replayed with different input
+└── EffectInDoubtError                    a tool started but its result was never recorded
 """
 
 from __future__ import annotations

@@ -185,8 +185,16 @@ def normalize_checkpoint_record(
     step = _optional_int(record, "step", where)
     seq = _optional_int(record, "seq", where)
     timestamp_ms = _optional_int(record, "timestamp_ms", where)
-    for known in ("schema_version", "run_id", "thread_id", "phase", "payload", "step", "seq",
-                  "timestamp_ms"):
+    for known in (
+        "schema_version",
+        "run_id",
+        "thread_id",
+        "phase",
+        "payload",
+        "step",
+        "seq",
+        "timestamp_ms",
+    ):
         record.pop(known, None)
     # model_construct: every field was checked above; extra top-level keys are kept.
     return Checkpoint.model_construct(

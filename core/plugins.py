@@ -205,9 +205,13 @@ class BackendRegistry:
             hint = f' Install it with: pip install "checkpoint-stores[{KNOWN_EXTRAS[key]}]".'
         broken = [f.plugin for f in self.failures]
         if broken:
-            hint += f" Plugins that failed to load: {', '.join(broken)} (see `checkpoint-stores plugins`)."
+            hint += (
+                f" Plugins that failed to load: {', '.join(broken)} "
+                "(see `checkpoint-stores plugins`)."
+            )
         raise BackendNotFoundError(
-            f"no checkpoint-stores backend for scheme {key!r}. Installed schemes: {installed}.{hint}"
+            f"no checkpoint-stores backend for scheme {key!r}. "
+            f"Installed schemes: {installed}.{hint}"
         )
 
     def factory(self, scheme: str) -> Callable[..., StorageBackend]:

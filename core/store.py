@@ -272,7 +272,7 @@ class MemoryStore:
         raws = await backend.get_many(self._thread(thread_id), keys)
         return [
             None if raw is None else self._checkpoint(raw, thread_id, run_id, key)
-            for key, raw in zip(keys, raws)
+            for key, raw in zip(keys, raws, strict=True)
         ]
 
     async def history(self, thread_id: str, run_id: str) -> list[Checkpoint]:

@@ -35,7 +35,9 @@ class FaultProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="fault-proxy", daemon=True
+        )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
@@ -55,10 +57,12 @@ class FaultProxy:
 
     def stop(self) -> None:
         """Close everything and stop the thread."""
+
         async def _stop() -> None:
             if self._server is not None:
                 self._server.close()
             self._close_all()
+
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -67,8 +71,12 @@ class FaultProxy:
     def __enter__(self) -> FaultProxy:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     # -- faults --------------------------------------------------------------------
@@ -91,7 +99,9 @@ class FaultProxy:
                 transport = writer.transport
                 sock = transport.get_extra_info("socket")
                 if sock is not None:  # RST rather than FIN: what a crashed peer looks like
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    sock.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                    )
                 transport.abort()
         self._writers.clear()
 
@@ -107,8 +117,9 @@ class FaultProxy:
             writer.transport.abort()
             return
         self._writers.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
-                             return_exceptions=True)
+        await asyncio.gather(
+            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+        )
         for w in (writer, up_writer):
             self._writers.discard(w)
             with contextlib.suppress(Exception):
@@ -120,7 +131,7 @@ class FaultProxy:
                 data = await reader.read(65536)
                 if not data:
                     break
-                while self.blackhole:
+                while self.blackhole:  # noqa: ASYNC110 - a flag flipped from another thread
                     await asyncio.sleep(0.05)
                 if self.latency:
                     await asyncio.sleep(self.latency)

@@ -62,12 +62,19 @@ def wait_port(host: str, port: int, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def child_process(args: Sequence[str], *, log: Path, env: dict[str, str] | None = None,
-                  cwd: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def child_process(
+    args: Sequence[str], *, log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run a server process for the duration of a fixture; stop it (by pid) afterwards."""
     with open(log, "ab") as out:
-        proc = subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT,
-                                env=env, cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(
+            list(args),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
     try:
         yield proc
     finally:

@@ -52,7 +52,9 @@ def run_async(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
         try:
             return asyncio.run(func(*args, **kwargs))
         except CheckpointStoreError as exc:
-            err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}", highlight=False)
+            err_console.print(
+                f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}", highlight=False
+            )
             sys.exit(1)
         except (ValueError, TypeError) as exc:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
@@ -61,7 +63,9 @@ def run_async(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     return wrapper
 
 
-async def with_store(url: str, options: dict[str, Any], body: Callable[[MemoryStore], Awaitable[T]]) -> T:
+async def with_store(
+    url: str, options: dict[str, Any], body: Callable[[MemoryStore], Awaitable[T]]
+) -> T:
     """Open ``url``, set it up, run ``body(store)``, close it."""
     async with open_store(url, **options) as store:
         return await body(store)

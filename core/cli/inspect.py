@@ -53,10 +53,22 @@ async def _runs(store: MemoryStore, thread_id: str, as_json: bool) -> None:
         except AgentCheckpointCorruptionError as exc:
             rows.append((run, 0, 0, "?", 0, str(exc)))
     if as_json:
-        click.echo(json.dumps([
-            {"run_id": r, "seq": s, "step": st, "phase": p, "timestamp_ms": t, "error": e or None}
-            for r, s, st, p, t, e in rows
-        ], indent=2))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "run_id": r,
+                        "seq": s,
+                        "step": st,
+                        "phase": p,
+                        "timestamp_ms": t,
+                        "error": e or None,
+                    }
+                    for r, s, st, p, t, e in rows
+                ],
+                indent=2,
+            )
+        )
         return
     table = Table(title=f"runs in thread {thread_id!r}", title_justify="left")
     for column in ("run", "seq", "step", "latest phase", "time"):
@@ -72,7 +84,7 @@ async def _runs(store: MemoryStore, thread_id: str, as_json: bool) -> None:
 async def _chain(store: MemoryStore, thread_id: str, run_id: str, as_json: bool) -> None:
     latest = await store.latest(thread_id, run_id)
     latest_key = checkpoint_latest_key(run_id)
-    rows = []
+    rows: list[tuple[int, int, str, int, int, str, str | None]] = []
     async for key, raw in store.backend.list(thread_id, checkpoint_prefix(run_id)):
         parsed = parse_checkpoint_key(key)
         if key == latest_key or parsed is None or ":" not in parsed[1]:
@@ -84,25 +96,47 @@ async def _chain(store: MemoryStore, thread_id: str, run_id: str, as_json: bool)
         except AgentCheckpointCorruptionError as exc:
             rows.append((-1, 0, "?", len(raw), 0, key, str(exc)))
     rows.sort(key=lambda r: (r[0], r[1]))
-    is_latest = [r[0] == latest.seq and r[2] == latest.phase.value and r[1] == latest.step
-                 for r in rows]
+    is_latest = [
+        r[0] == latest.seq and r[2] == latest.phase.value and r[1] == latest.step for r in rows
+    ]
     if as_json:
-        click.echo(json.dumps([
-            {"seq": s, "step": st, "phase": p, "size": n, "timestamp_ms": t, "key": k,
-             "latest": flag, "error": e}
-            for (s, st, p, n, t, k, e), flag in zip(rows, is_latest)
-        ], indent=2))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "seq": s,
+                        "step": st,
+                        "phase": p,
+                        "size": n,
+                        "timestamp_ms": t,
+                        "key": k,
+                        "latest": flag,
+                        "error": e,
+                    }
+                    for (s, st, p, n, t, k, e), flag in zip(rows, is_latest, strict=True)
+                ],
+                indent=2,
+            )
+        )
         return
     table = Table(title=f"run {run_id!r} in thread {thread_id!r}", title_justify="left")
     for column in ("seq", "step", "phase", "size", "time", ""):
         table.add_column(column)
-    for (seq, step, phase, size, ts, key, error), flag in zip(rows, is_latest):
+    for (seq, step, phase, size, ts, key, error), flag in zip(rows, is_latest, strict=True):
         if error:
             table.add_row("?", "-", f"[red]{key}: {error}[/]", format_bytes(size), "-", "")
             continue
-        table.add_row(format_seq(seq), str(step), phase, format_bytes(size), format_ms(ts),
-                      "[bold green]◀ latest[/]" if flag else "")
+        table.add_row(
+            format_seq(seq),
+            str(step),
+            phase,
+            format_bytes(size),
+            format_ms(ts),
+            "[bold green]◀ latest[/]" if flag else "",
+        )
     if not any(is_latest):
-        table.caption = (f"latest: seq {format_seq(latest.seq)}, step {latest.step}, "
-                         f"{latest.phase.value} (its step record was pruned or is a claim)")
+        table.caption = (
+            f"latest: seq {format_seq(latest.seq)}, step {latest.step}, "
+            f"{latest.phase.value} (its step record was pruned or is a claim)"
+        )
     console.print(table)
