@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import UNAVAILABLE, backends_required
+from tests.support import UNAVAILABLE, ServerInfo, backends_required
+
+pytest_plugins = [
+    "tests.servers.redis",
+    "tests.servers.sql",
+    "tests.servers.mongodb",
+    "tests.servers.s3",
+]
 
 _SKIP_MARKERS = (UNAVAILABLE, "could not import")
 _backend_skips: list[str] = []
@@ -58,3 +65,16 @@ def tmp_store_dir(tmp_path: Path) -> Path:
     path = tmp_path / "store"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="session")
+def memory_server() -> ServerInfo:
+    """The in-process backend (a fresh shared namespace for the session)."""
+    return ServerInfo("memory", "memory://test-session", description="in-process dict")
+
+
+@pytest.fixture(scope="session")
+def file_server(tmp_path_factory: pytest.TempPathFactory) -> ServerInfo:
+    """A file:// store in a session temp directory."""
+    root = tmp_path_factory.mktemp("file-store")
+    return ServerInfo("file", f"file://{root}", description=f"directory {root}")

@@ -90,3 +90,22 @@ def child_process(
 def python_child(code: str, *args: str) -> list[str]:
     """argv for running ``code`` in a fresh interpreter (same venv)."""
     return [sys.executable, "-c", code, *args]
+
+
+class ServerInfo:
+    """A store a test session can use: its URL, backend options, and where it came from.
+
+    ``options`` must be JSON-serializable: the conformance kit passes them to
+    worker processes for its cross-process checks.
+    """
+
+    def __init__(
+        self, name: str, url: str, options: dict[str, object] | None = None, description: str = ""
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.options: dict[str, object] = dict(options or {})
+        self.description = description
+
+    def __repr__(self) -> str:
+        return f"ServerInfo({self.name!r}, {self.description or self.url!r})"

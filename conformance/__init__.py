@@ -1,0 +1,1 @@
+"""The conformance kit (work in progress; see issue 3)."""

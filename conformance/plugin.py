@@ -1,0 +1,1 @@
+"""pytest plugin of the conformance kit: inert unless a store URL is configured."""

@@ -1,0 +1,1 @@
+"""Session fixtures for the mongodb backend's server (see tests/support.py:ServerInfo)."""
