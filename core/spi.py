@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Capabilities", "StorageBackend", "ThreadLister"]
+__all__ = ["Capabilities", "Expirer", "StorageBackend", "ThreadLister"]
 
 
 @dataclass(frozen=True)
@@ -145,4 +145,17 @@ class ThreadLister(Protocol):
 
     def list_threads(self, prefix: str = "") -> AsyncIterator[str]:
         """Yield thread ids starting with ``prefix``, sorted."""
+        ...
+
+
+@runtime_checkable
+class Expirer(Protocol):
+    """Optional SPI extension: native expiry (``Capabilities.ttl``), e.g. for finished runs.
+
+    Retention calls it to hand old runs to the database's own TTL machinery
+    (Redis ``EXPIRE``, a MongoDB TTL index) instead of deleting them itself.
+    """
+
+    async def expire_prefix(self, thread_id: str, prefix: str, ttl_seconds: float) -> int:
+        """Make every key under ``prefix`` expire in ``ttl_seconds``; return how many keys."""
         ...
