@@ -50,5 +50,5 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: ratios against the raw driver doing the same work, in one run."""
-    session.install(".[all]", "moto[server]>=5.0", "secantusdb>=0.7.0b3")
+    session.install(".[all]", "moto[s3]>=5.0", "flask>=3", "flask-cors>=4", "secantusdb>=0.7.0b3")
     session.run("python", "-m", "benchmarks", *session.posargs)
