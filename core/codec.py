@@ -40,6 +40,7 @@ __all__ = [
     "Codec",
     "decode_json_value",
     "dumps_json",
+    "envelope_key_id",
     "is_envelope",
 ]
 
@@ -87,6 +88,9 @@ def _non_finite_path(value: Any) -> str | None:
             stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
         elif isinstance(item, float) and not math.isfinite(item):
             return path or "<value>"
+        elif callable(getattr(item, "model_dump", None)):
+            # _default serializes models through model_dump: look inside them the same way.
+            stack.append((path, item.model_dump(mode="python")))
     return None
 
 
@@ -124,6 +128,21 @@ def dumps_json(value: Any) -> bytes:
 def is_envelope(data: bytes) -> bool:
     """True if ``data`` starts with this library's envelope magic."""
     return data[:3] == MAGIC
+
+
+def envelope_key_id(data: bytes) -> str | None:
+    """Key id of an encrypted envelope, ``None`` for anything else (plain, JSON, damaged).
+
+    Reads only the header and the key-id framing (no decryption, no checksum):
+    enough to tell which values ``rotate`` still has to re-encrypt.
+    """
+    if len(data) <= HEADER_SIZE or data[:3] != MAGIC or not data[4] & FLAG_ENCRYPTED:
+        return None
+    key_len = data[HEADER_SIZE]
+    raw = data[HEADER_SIZE + 1 : HEADER_SIZE + 1 + key_len]
+    if not key_len or len(raw) != key_len:
+        return None
+    return raw.decode("utf-8", errors="replace")
 
 
 def _corrupt(what: str, problem: str) -> AgentCheckpointCorruptionError:
@@ -235,7 +254,11 @@ class Codec:
                 f"{what} is encrypted with key {key_id!r} but this store has no cipher; "
                 "open it with the encryption keys (see README, 'Encryption at rest')"
             )
-        return self.cipher.decrypt(key_id, body[1 + key_len :], aad)
+        try:
+            return self.cipher.decrypt(key_id, body[1 + key_len :], aad)
+        except DecryptionError as exc:
+            # The cipher does not know which value it was given; say it here.
+            raise DecryptionError(f"{what}: {exc}") from None
 
     def decode(self, data: bytes | bytearray | memoryview, *, what: str = "value") -> Any:
         """Decode an envelope, or plain JSON written by another tool."""

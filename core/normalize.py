@@ -137,6 +137,11 @@ def normalize_checkpoint_record(
         )
 
     record = dict(raw)
+    odd_keys = [k for k in record if not isinstance(k, str)]
+    if odd_keys:  # only a Python dict can hold these; JSON object keys are always strings
+        raise AgentCheckpointCorruptionError(
+            f"{where}: every top-level key must be a string, got {odd_keys[0]!r}"
+        )
     for alias, canonical in _ALIASES:
         if alias in record:
             value = record.pop(alias)
