@@ -46,6 +46,7 @@ from urllib.parse import parse_qsl, unquote
 
 from checkpoint_stores.errors import AgentCheckpointCorruptionError, StoreUnavailableError
 from checkpoint_stores.spi import Capabilities
+from checkpoint_stores.urls import redact_url
 
 __all__ = ["FileBackend"]
 
@@ -123,7 +124,7 @@ class FileBackend:
             raise ValueError("file:// URL needs a path: file:///var/lib/runs or file://./runs")
         if not path_part.startswith(("/", ".", "~")):
             raise ValueError(
-                f"file:// URL {url!r} names a host; write file:///absolute/path or "
+                f"file:// URL {redact_url(url)!r} names a host; write file:///absolute/path or "
                 "file://./relative/path"
             )
         opts = _parse_options(query, options)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import re
 from typing import Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode
 
 __all__ = ["redact_url", "scheme_of"]
 
 _SECRET_PARAM: Final = re.compile(
     r"(pass|secret|token|credential|signature|(^|_)key$|apikey|access_key)", re.IGNORECASE
 )
-_USERINFO: Final = re.compile(r"(?P<head>://[^/@:]*):(?P<pw>[^@/]*)@")
 _MASK: Final = "***"
 
 
@@ -42,21 +41,22 @@ def redact_url(url: str) -> str:
     >>> redact_url("s3://bucket/prefix?aws_secret_access_key=abc&region=eu-west-1")
     's3://bucket/prefix?aws_secret_access_key=***&region=eu-west-1'
     """
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostinfo = netloc.rpartition("@")
-            user, colon, _pw = userinfo.partition(":")
-            netloc = f"{user}:{_MASK}@{hostinfo}" if colon else netloc
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            if any(_SECRET_PARAM.search(k) for k, _ in pairs):
-                query = urlencode(
-                    [(k, _MASK if _SECRET_PARAM.search(k) else v) for k, v in pairs], safe="*"
-                )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except ValueError:
-        # Unparseable: mask anything that looks like user:password@ and drop the query.
-        return _USERINFO.sub(rf"\g<head>:{_MASK}@", url.split("?", 1)[0])
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # "user:pw@host" typed without a scheme still holds a password
+        scheme, rest = "", url
+    colon, at = rest.find(":"), rest.rfind("@")
+    if -1 < colon < at and not any(c in rest[:colon] for c in "/?#"):
+        # user:password@ up to the last '@', not urlsplit's netloc: a password holding an
+        # unescaped '/', '?', '#' or '@' would end the netloc early and leak its tail into
+        # the path or query. Masking too much only hides a host; too little leaks a secret.
+        url = f"{scheme}{sep}{rest[:colon]}:{_MASK}@{rest[at + 1 :]}"
+    head, qmark, query = url.partition("?")
+    if qmark:
+        # The whole tail counts as the query (store URLs have no fragment), so an
+        # unescaped '#' inside a secret value is masked with the rest of it.
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_PARAM.search(k) for k, _ in pairs):
+            masked = [(k, _MASK if _SECRET_PARAM.search(k) else v) for k, v in pairs]
+            url = f"{head}?{urlencode(masked, safe='*')}"
+    # Rebuilt by hand, not with urlunsplit, so an unchanged URL stays byte-for-byte the same.
+    return url
