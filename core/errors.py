@@ -20,6 +20,9 @@ CheckpointStoreError
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 __all__ = [
     "AgentCheckpointCorruptionError",
     "BackendNotFoundError",
@@ -107,7 +110,15 @@ class StaleWriterError(CheckpointStoreError):
 
 
 class CheckpointFlushError(CheckpointStoreError):
-    """Submitted checkpoint writes could not be made durable (failed or timed out)."""
+    """Submitted checkpoint writes could not be made durable (failed or timed out).
+
+    ``failures`` lists what failed (``checkpoint_stores.writer.WriteFailure``
+    objects: run, seq, phase, the error, attempts).
+    """
+
+    def __init__(self, message: str, failures: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.failures: tuple[Any, ...] = tuple(failures)
 
 
 class EffectConflictError(CheckpointStoreError):
