@@ -177,7 +177,12 @@ class _Copier:
         return self.dst.codec.wrap(body), body
 
     def _same(self, existing: bytes | None, raw: bytes, body: bytes | None) -> bool:
-        """Whether the destination already holds this value (bytes, or same JSON)."""
+        """Whether the destination already holds this value.
+
+        Byte copies compare bytes. Re-encoded values get fresh nonces every time,
+        so they compare the JSON inside: a destination value with the same JSON
+        counts as copied however it is encoded (``rotate`` re-encrypts a store).
+        """
         if existing is None:
             return False
         if existing == raw:

@@ -115,7 +115,7 @@ def _print(report: PruneReport) -> None:
     for thread_id, key in report.deleted:
         per_run[(thread_id, classify_key(key)[1] or "")].append(key)
     if per_run or report.runs_expiring:
-        title = "prune plan (dry run: nothing was deleted)" if report.dry_run else "pruned"
+        title = "dry run: would delete" if report.dry_run else "deleted"
         table = Table(title=title, title_justify="left")
         for column in ("thread", "run", "action", "keys"):
             table.add_column(column)

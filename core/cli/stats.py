@@ -59,31 +59,47 @@ def _table(result: StoreStats, where: str) -> Table:
     totals = result.totals()
     columns = [
         ("thread", f"{totals['threads']} threads"),
-        ("runs", str(totals["runs"])),
-        ("finished", str(totals["finished_runs"])),
+        ("runs", _runs(totals["runs"], totals["finished_runs"])),
         ("records", str(totals["records"])),
         ("effects", str(totals["effects"])),
-        ("keys", str(totals["keys"])),
         ("bytes", format_bytes(totals["bytes"])),
-        ("oldest", format_ms(totals["oldest_ms"] or 0)),
-        ("newest", format_ms(totals["newest_ms"] or 0)),
+        ("oldest (UTC)", _time(totals["oldest_ms"])),
+        ("newest (UTC)", _time(totals["newest_ms"])),
     ]
     for name, footer in columns:
-        justify: JustifyMethod = "left" if name in {"thread", "oldest", "newest"} else "right"
-        table.add_column(name, footer=footer, justify=justify)
+        right = name in {"runs", "records", "effects", "bytes"}
+        justify: JustifyMethod = "right" if right else "left"
+        # Counts never wrap; the thread and the times may (narrow terminals, pipes).
+        table.add_column(
+            name,
+            footer=footer,
+            justify=justify,
+            no_wrap=right,
+            overflow="fold",
+            min_width=8 if name == "thread" else None,
+        )
     for t in result.threads:
         thread = Text(printable(t.thread_id))
         if t.unreadable:
-            thread.append(f"  ({t.unreadable} unreadable)", style="red")
+            thread.append(f" ({t.unreadable} unreadable)", style="red")
         table.add_row(
             thread,
-            str(t.runs),
-            str(t.finished_runs),
+            _runs(t.runs, t.finished_runs),
             str(t.records),
             str(t.effects),
-            str(t.keys),
             format_bytes(t.bytes),
-            format_ms(t.oldest_ms or 0),
-            format_ms(t.newest_ms or 0),
+            _time(t.oldest_ms),
+            _time(t.newest_ms),
         )
     return table
+
+
+def _runs(runs: int, finished: int) -> str:
+    return f"{runs} ({finished} done)" if finished else str(runs)
+
+
+def _time(timestamp_ms: int | None) -> str:
+    """To the second, without the T and Z, so two times fit an 80-column table."""
+    if not timestamp_ms:
+        return "-"
+    return format_ms(timestamp_ms)[:19].replace("T", " ")
