@@ -61,13 +61,12 @@ def _table(result: StoreStats, where: str) -> Table:
         ("thread", f"{totals['threads']} threads"),
         ("runs", _runs(totals["runs"], totals["finished_runs"])),
         ("records", str(totals["records"])),
-        ("effects", str(totals["effects"])),
         ("bytes", format_bytes(totals["bytes"])),
         ("oldest (UTC)", _time(totals["oldest_ms"])),
         ("newest (UTC)", _time(totals["newest_ms"])),
     ]
     for name, footer in columns:
-        right = name in {"runs", "records", "effects", "bytes"}
+        right = name in {"runs", "records", "bytes"}
         justify: JustifyMethod = "right" if right else "left"
         # Counts never wrap; the thread and the times may (narrow terminals, pipes).
         table.add_column(
@@ -75,8 +74,7 @@ def _table(result: StoreStats, where: str) -> Table:
             footer=footer,
             justify=justify,
             no_wrap=right,
-            overflow="fold",
-            min_width=8 if name == "thread" else None,
+            min_width=None if right else 10,
         )
     for t in result.threads:
         thread = Text(printable(t.thread_id))
@@ -86,7 +84,6 @@ def _table(result: StoreStats, where: str) -> Table:
             thread,
             _runs(t.runs, t.finished_runs),
             str(t.records),
-            str(t.effects),
             format_bytes(t.bytes),
             _time(t.oldest_ms),
             _time(t.newest_ms),
