@@ -48,9 +48,11 @@ class CountingTool:
     def __init__(self, delay: float = 0.0) -> None:
         self.calls: list[ToolCall] = []
         self.delay = delay
+        self.started = asyncio.Event()
 
     async def __call__(self, call: ToolCall) -> dict[str, Any]:
         self.calls.append(call)
+        self.started.set()
         if self.delay:
             await asyncio.sleep(self.delay)
         return {"sum": call.args["a"] + call.args["b"], "key": call.idempotency_key}
@@ -112,7 +114,8 @@ def test_idempotency_key_is_stable_and_distinct() -> None:
         # Separator games cannot collide: the ids are JSON-encoded, not joined.
         idempotency_key("t:r", "1", 1, "c"),
     }
-    assert key not in others and len(others) == 5
+    assert key not in others
+    assert len(others) == 5
     assert THREAD not in idempotency_key(THREAD, "r", 1, "c")
 
 
@@ -123,19 +126,24 @@ async def test_execute_then_replay_in_a_new_ledger(store: MemoryStore) -> None:
     tool = CountingTool()
     first = EffectLedger(store, THREAD, RUN)
     outcome = await first.execute(0, "call-1", "add", {"a": 1, "b": 2}, tool)
-    assert outcome.executed and not outcome.replayed and not outcome.in_doubt
+    assert outcome.executed
+    assert not outcome.replayed
+    assert not outcome.in_doubt
     assert outcome.output == {"sum": 3, "key": outcome.idempotency_key}
     assert first.stats.as_dict() == {"executed": 1, "replayed": 0, "in_doubt": 0}
 
     resumed = EffectLedger(store, THREAD, RUN)  # another executor, e.g. after a crash
     again = await resumed.execute(0, "call-1", "add", {"a": 1, "b": 2}, tool)
-    assert again.replayed and not again.executed
+    assert again.replayed
+    assert not again.executed
     assert again.output == outcome.output
     assert len(tool.calls) == 1
     assert resumed.stats.as_dict() == {"executed": 0, "replayed": 1, "in_doubt": 0}
 
     record = await resumed.lookup(0, "call-1")
-    assert record is not None and record.status == "done" and record.success
+    assert record is not None
+    assert record.status == "done"
+    assert record.success
     assert record.input_hash == input_hash("add", {"a": 1, "b": 2})
     assert record.output_hash == output_hash(outcome.output)
     assert record.idempotency_key == idempotency_key(THREAD, RUN, 0, "call-1")
@@ -167,7 +175,8 @@ async def test_afk_written_effect_replays(store: MemoryStore) -> None:
     tool = CountingTool()
     ledger = EffectLedger(store, THREAD, RUN)
     outcome = await ledger.execute(4, "tc-9", "add", args, tool)
-    assert outcome.replayed and outcome.output == output
+    assert outcome.replayed
+    assert outcome.output == output
     assert tool.calls == []
 
 
@@ -194,7 +203,8 @@ async def test_tampered_output_fails_integrity(store: MemoryStore) -> None:
         await ledger.execute(0, "c", "add", {"a": 1, "b": 2}, tool)
     with pytest.raises(EffectIntegrityError):
         await ledger.lookup(0, "c")
-    assert len(tool.calls) == 1 and ledger.stats.replayed == 0
+    assert len(tool.calls) == 1
+    assert ledger.stats.replayed == 0
 
 
 @pytest.mark.parametrize(
@@ -250,7 +260,8 @@ async def test_race_across_separate_store_objects_on_files(tmp_path: Path) -> No
             for s in stores
         )
     )
-    assert len(tool.calls) == 1 and sum(o.executed for o in outcomes) == 1
+    assert len(tool.calls) == 1
+    assert sum(o.executed for o in outcomes) == 1
     for s in stores:
         await s.close()
 
@@ -262,7 +273,8 @@ async def test_same_ledger_concurrent_calls_run_once(store: MemoryStore) -> None
         *(ledger.execute(0, "c", "add", {"a": 1, "b": 1}, tool) for _ in range(5))
     )
     assert len(tool.calls) == 1
-    assert ledger.stats.executed == 1 and ledger.stats.replayed == 4
+    assert ledger.stats.executed == 1
+    assert ledger.stats.replayed == 4
     assert len({json.dumps(o.output) for o in outcomes}) == 1
 
 
@@ -270,13 +282,14 @@ async def test_waiter_replays_a_live_peers_result(store: MemoryStore) -> None:
     tool = CountingTool(delay=0.1)
     slow = EffectLedger(store, THREAD, RUN, executor_id="slow", epoch=1)
     task = asyncio.create_task(slow.execute(0, "c", "add", {"a": 1, "b": 2}, tool))
-    while await slow.lookup(0, "c") is None:  # the peer's intent is recorded
-        await asyncio.sleep(0.005)
+    await tool.started.wait()  # the peer recorded its intent and its tool is running
     waiter = EffectLedger(store, THREAD, RUN, executor_id="waiter", epoch=1)
     outcome = await waiter.execute(0, "c", "add", {"a": 1, "b": 2}, tool)
-    assert outcome.replayed and not outcome.in_doubt
+    assert outcome.replayed
+    assert not outcome.in_doubt
     assert (await task).executed
-    assert len(tool.calls) == 1 and waiter.stats.in_doubt == 0
+    assert len(tool.calls) == 1
+    assert waiter.stats.in_doubt == 0
 
 
 # -- in doubt -------------------------------------------------------------------------
@@ -299,7 +312,8 @@ async def _crash_mid_tool(store: MemoryStore, executor: str, epoch: int | None) 
     with pytest.raises(asyncio.CancelledError):
         await task
     record = await ledger.lookup(2, "c")
-    assert record is not None and record.status == "intent"
+    assert record is not None
+    assert record.status == "intent"
     return tool
 
 
@@ -310,9 +324,11 @@ async def test_in_doubt_raise_policy(store: MemoryStore) -> None:
     with pytest.raises(EffectInDoubtError) as info:
         await ledger.execute(2, "c", "charge", {"a": 5, "b": 0}, tool)
     assert crashed.calls[0].idempotency_key in str(info.value)
-    assert tool.calls == [] and ledger.stats.in_doubt == 1
+    assert tool.calls == []
+    assert ledger.stats.in_doubt == 1
     record = await ledger.lookup(2, "c")
-    assert record is not None and record.status == "intent"  # left for a human to check
+    assert record is not None
+    assert record.status == "intent"
 
 
 async def test_in_doubt_reexecute_policy_and_zombie_result_is_fenced(store: MemoryStore) -> None:
@@ -320,7 +336,9 @@ async def test_in_doubt_reexecute_policy_and_zombie_result_is_fenced(store: Memo
     tool = CountingTool()
     ledger = EffectLedger(store, THREAD, RUN, epoch=1, in_doubt={"charge": "reexecute"})
     outcome = await ledger.execute(2, "c", "charge", {"a": 5, "b": 0}, tool)
-    assert outcome.in_doubt and outcome.executed and outcome.attempt == 2
+    assert outcome.in_doubt
+    assert outcome.executed
+    assert outcome.attempt == 2
     assert tool.calls[0].attempt == 2
     assert tool.calls[0].idempotency_key == crashed.calls[0].idempotency_key
     assert ledger.stats.as_dict() == {"executed": 1, "replayed": 0, "in_doubt": 1}
@@ -341,7 +359,9 @@ async def test_in_doubt_reexecute_policy_and_zombie_result_is_fenced(store: Memo
     replay = await EffectLedger(store, THREAD, RUN).execute(
         2, "c", "charge", {"a": 5, "b": 0}, tool
     )
-    assert replay.replayed and replay.output == outcome.output and len(tool.calls) == 1
+    assert replay.replayed
+    assert replay.output == outcome.output
+    assert len(tool.calls) == 1
 
 
 async def test_per_tool_policy_default_is_raise(store: MemoryStore) -> None:
@@ -418,14 +438,19 @@ async def test_tool_failure_is_recorded_and_retried_next_time(store: MemoryStore
     with pytest.raises(RuntimeError, match="503"):
         await ledger.execute(0, "c", "pay", {"x": 1}, flaky)
     record = await ledger.lookup(0, "c")
-    assert record is not None and record.status == "done" and not record.success
+    assert record is not None
+    assert record.status == "done"
+    assert not record.success
     assert record.output == {"error": "RuntimeError", "message": "gateway said 503"}
 
     outcome = await EffectLedger(store, THREAD, RUN).execute(0, "c", "pay", {"x": 1}, flaky)
-    assert outcome.executed and outcome.output == "ok" and outcome.attempt == 2
+    assert outcome.executed
+    assert outcome.output == "ok"
+    assert outcome.attempt == 2
     assert attempts == [1, 2]
     again = await EffectLedger(store, THREAD, RUN).execute(0, "c", "pay", {"x": 1}, flaky)
-    assert again.replayed and attempts == [1, 2]
+    assert again.replayed
+    assert attempts == [1, 2]
 
 
 async def test_unencodable_output_leaves_the_call_in_doubt(store: MemoryStore) -> None:
