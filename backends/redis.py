@@ -493,6 +493,8 @@ class RedisBackend:
         self._driver_options = {k: v for k, v in options.items() if k in _DRIVER_OPTIONS}
         self._password = opts.get("password")
         self._location = location
+        if self.cluster:
+            self._cluster_seeds()  # fail on a malformed node list now, not at first use
         self._registry = self.key_prefix.encode("utf-8") + b"threads"
         self._client: aioredis.Redis | RedisCluster | None = None
         self._scripts: dict[str, AsyncScript] = {}
@@ -566,27 +568,38 @@ class RedisBackend:
         kwargs.update(self._driver_options)
         return kwargs
 
-    def _cluster_client(self, common: dict[str, Any]) -> RedisCluster:
-        userinfo, at, hosts = self._location.partition("/")[0].rpartition("@")
-        seeds = [h.strip() for h in hosts.split(",") if h.strip()]
+    def _cluster_seeds(self) -> tuple[str, builtins.list[tuple[str, int]]]:
+        """``(userinfo@, [(host, port), ...])`` of a ``redis+cluster://`` URL, checked."""
+        netloc, _, path = self._location.partition("/")
+        userinfo, at, hosts = netloc.rpartition("@")
+        if path.strip("/") not in {"", "0"}:
+            raise ValueError(
+                f"{self._redacted!r} names database {path.strip('/')!r}; Redis Cluster has only "
+                "database 0: drop the /db from the URL"
+            )
+        seeds: builtins.list[tuple[str, int]] = []
+        for seed in (h.strip() for h in hosts.split(",")):
+            if not seed:
+                continue
+            host, colon, port = seed.rpartition(":")
+            if not colon or host.endswith(":") or not port.isdigit():  # no port, or bare IPv6
+                host, port = seed, "6379"
+            seeds.append((host.strip("[]"), int(port)))
         if not seeds:
             raise ValueError(
                 f"{self._redacted!r} names no node; write redis+cluster://host:port[,host:port]"
             )
-        nodes = []
-        for seed in seeds:
-            host, colon, port = seed.rpartition(":")
-            if not colon or not port.isdigit():
-                host, port = seed, "6379"
-            nodes.append(ClusterNode(host.strip("[]"), int(port)))
-        scheme = "rediss" if self._tls else "redis"
-        kwargs = self._parse(f"{userinfo}{at}{seeds[0]}", scheme)
-        for name in ("host", "port", "connection_class", "path"):
+        return f"{userinfo}{at}", seeds
+
+    def _cluster_client(self, common: dict[str, Any]) -> RedisCluster:
+        userinfo, seeds = self._cluster_seeds()
+        host, port = seeds[0]
+        bracketed = f"[{host}]" if ":" in host else host
+        kwargs = self._parse(f"{userinfo}{bracketed}:{port}", "rediss" if self._tls else "redis")
+        for name in ("host", "port", "connection_class", "path", "db"):
             kwargs.pop(name, None)
-        if int(kwargs.pop("db", 0) or 0) != 0:
-            raise ValueError("Redis Cluster has only database 0; drop the /db from the URL")
         return RedisCluster(
-            startup_nodes=nodes,
+            startup_nodes=[ClusterNode(h, p) for h, p in seeds],
             ssl=self._tls,
             max_connections=self._max_connections,
             **kwargs,
