@@ -22,6 +22,7 @@ last claimer owns the run, a zombie writer of an earlier epoch gets
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -40,6 +41,7 @@ from checkpoint_stores.schema import (
     Phase,
     RunTerminalPayload,
     RuntimeSnapshot,
+    now_ms,
 )
 from checkpoint_stores.store import MemoryStore
 
@@ -139,7 +141,8 @@ async def start_run(store: MemoryStore, thread_id: str, run_id: str) -> RunCurso
 async def claim_run(store: MemoryStore, thread_id: str, run_id: str) -> RunCursor:
     """Take ownership of an existing run for resuming it: the next fencing epoch.
 
-    Re-stamps the run's latest record with seq ``(epoch + 1) << 32`` through one
+    Re-stamps the run's latest record with seq ``(epoch + 1) << 32`` and a
+    top-level ``claim`` field (epoch, a unique token, the time) through one
     compare-seq ``commit`` (the head only; no other key is touched). Losing a
     race to another claimer (or to a writer still running) re-reads and takes
     the epoch after. A finished (terminal) run is not re-stamped: it has nothing
@@ -162,7 +165,10 @@ async def claim_run(store: MemoryStore, thread_id: str, run_id: str) -> RunCurso
                 thread_id, run_id, epoch=latest.epoch, counter=latest.seq & _COUNTER_MASK
             )
         epoch = latest.epoch + 1
-        claimed = latest.model_copy(update={"seq": make_seq(epoch, 0)})
+        # The token makes each claimer's bytes unique, so the "did my earlier attempt
+        # land?" check below can never mistake another claimer's win for its own.
+        claim = {"epoch": epoch, "token": uuid.uuid4().hex, "claimed_at_ms": now_ms()}
+        claimed = latest.model_copy(update={"seq": make_seq(epoch, 0), "claim": claim})
         data = store.encode_checkpoint(claimed)
         if await backend.commit(thread_id, [], head, data, claimed.seq):
             return RunCursor(thread_id, run_id, epoch=epoch, claimed=claimed)
