@@ -6,6 +6,7 @@ several workers of one application would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -177,7 +178,7 @@ async def test_killed_writer_leaves_no_partial_commit(
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.strip() == "running", proc.stderr.read() if proc.stderr else ""
-        time.sleep(random.uniform(0.2, 0.8))  # kill at an arbitrary point of a commit
+        await asyncio.sleep(random.uniform(0.2, 0.8))  # kill at an arbitrary point of a commit
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         if proc.stdout:
@@ -190,7 +191,8 @@ async def test_killed_writer_leaves_no_partial_commit(
             assert head is not None
             seq = int(head)
             record = await backend.get(thread, f"rec:{seq:06d}")
-            assert record is not None and record.startswith(f"r{seq}:".encode())
+            assert record is not None
+            assert record.startswith(f"r{seq}:".encode())
             assert await backend.get(thread, "runtime") == record
             later = [k async for k, _ in backend.list(thread, "rec:") if int(k[4:]) > seq]
             assert later == []  # no record of a commit whose head did not move
