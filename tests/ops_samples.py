@@ -192,4 +192,4 @@ class FailAfter(WrappedBackend):
 
     def _before_write(self, count: int) -> None:
         if self.keys_written + count > self.limit:
-            raise StoreUnavailableError("injected: connection lost after %d keys" % self.limit)
+            raise StoreUnavailableError(f"injected: connection lost after {self.limit} keys")
