@@ -10,6 +10,7 @@ from checkpoint_stores import (
     AgentCheckpointCorruptionError,
     Codec,
     MemoryStore,
+    Phase,
     StaleWriterError,
     open_store,
 )
@@ -133,8 +134,8 @@ async def test_copy_refuses_to_overwrite_a_newer_destination_latest() -> None:
         await write_run(src, "t", "fresh", finished=False, steps=1)
         # In the destination, "newer-there" went on to seq 9; "older-there" only to seq 2.
         await write_run(dst, "t", "newer-there", finished=True, steps=2)
-        await dst.append(cp("t", "older-there", 1, 0, cp_phase("run_started")))
-        await dst.append(cp("t", "older-there", 2, 1, cp_phase("runtime_state")))
+        await dst.append(cp("t", "older-there", 1, 0, Phase.RUN_STARTED))
+        await dst.append(cp("t", "older-there", 2, 1, Phase.RUNTIME_STATE))
         before = await dump(dst, ["t"])
         report = await copy_store(src, dst)
 
@@ -152,16 +153,10 @@ async def test_copy_refuses_to_overwrite_a_newer_destination_latest() -> None:
         assert report.runs_copied == 2
 
 
-def cp_phase(name: str):  # type: ignore[no-untyped-def]
-    from checkpoint_stores import Phase
-
-    return Phase(name)
-
-
 async def test_copy_refuses_same_seq_with_other_content() -> None:
     async with fresh_memory() as src, fresh_memory() as dst:
-        await src.append(cp("t", "r", 1, 0, cp_phase("run_started"), agent_name="a"))
-        await dst.append(cp("t", "r", 1, 0, cp_phase("run_started"), agent_name="b"))
+        await src.append(cp("t", "r", 1, 0, Phase.RUN_STARTED, agent_name="a"))
+        await dst.append(cp("t", "r", 1, 0, Phase.RUN_STARTED, agent_name="b"))
         before = await dump(dst, ["t"])
         report = await copy_store(src, dst)
         assert [(r.run_id, r.source_seq, r.destination_seq) for r in report.refused] == [
