@@ -3,7 +3,7 @@
 Layout under the root directory::
 
     ROOT/.checkpoint-stores          marker with the layout version
-    ROOT/threads/<thread name>/      one directory per thread
+    ROOT/threads/<thread name>/      one directory per thread (created whole, by rename)
         .thread-id                   the thread id, verbatim (names may be hashed)
         k<encoded key>               one file per key
         h<sha256 of key>             a key whose encoded name would be too long
@@ -16,9 +16,10 @@ prefixed with ``k``/``t``, so no id can be ``..``, a hidden file, a Windows
 reserved name, or reach outside the root. Names above 200 bytes are replaced
 by a SHA-256; the original is kept inside the file, so ``list`` is lossless.
 
-Every file starts with a 24-byte header (magic, seq, key length, value
-length) followed by the key and the value: a truncated file is detected, and
-the head's seq lives beside its value as the SPI requires.
+Every file starts with a 28-byte header (magic, seq, key length, value
+length, CRC-32 of everything else) followed by the key and the value: a
+truncated or bit-flipped file is detected (the seq included, which no value
+checksum covers), and the head's seq lives beside its value as the SPI requires.
 
 Writes: temp file in the same directory, fsync, ``os.replace``, fsync of the
 directory. ``commit`` takes an ``fcntl.flock`` on the run's lock file, checks
@@ -39,6 +40,7 @@ import secrets
 import shutil
 import struct
 import weakref
+import zlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -50,10 +52,13 @@ from checkpoint_stores.urls import redact_url
 
 __all__ = ["FileBackend"]
 
-LAYOUT_VERSION: Final = "1"
-_HEADER: Final = struct.Struct(">4sqIQ")
-_MAGIC: Final = b"CSF1"
+LAYOUT_VERSION: Final = "2"
+_FIELDS: Final = struct.Struct(">4sqIQ")  # magic, seq, key length, value length
+_CRC: Final = struct.Struct(">I")  # CRC-32 of the fields, the key and the value
+_HEADER_SIZE: Final = _FIELDS.size + _CRC.size
+_MAGIC: Final = b"CSF2"
 _NO_SEQ: Final = -1
+_MAX_SEQ: Final = 2**63 - 1
 _SAFE: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 _MAX_NAME: Final = 200
 _TMP: Final = ".tmp-"
@@ -210,40 +215,69 @@ class FileBackend:
             return directory
         if not create:
             return None
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / ".locks").mkdir(exist_ok=True)
-        ident = directory / ".thread-id"
-        if not ident.exists():
-            self._write_plain(ident, thread_id.encode("utf-8"))
+        # Build the directory whole (.locks, .thread-id) under a temp name, then rename it
+        # into place: another process sees it complete or not at all, and a crash half-way
+        # leaves only a temp directory, never a thread without its id or lock directory.
+        staging = self._threads_dir / f"{_TMP}{os.getpid()}-{secrets.token_hex(6)}"
+        staging.mkdir(parents=True)
+        try:
+            (staging / ".locks").mkdir()
+            self._write_plain(staging / ".thread-id", thread_id.encode("utf-8"))
+            os.rename(staging, directory)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not directory.is_dir():  # not "another process created it first"
+                raise
         self._sync_dir(self._threads_dir)
         return directory
 
     @staticmethod
     def _record(key: str, value: bytes, seq: int | None) -> bytes:
         raw_key = key.encode("utf-8")
-        header = _HEADER.pack(_MAGIC, _NO_SEQ if seq is None else seq, len(raw_key), len(value))
-        return header + raw_key + value
+        fields = _FIELDS.pack(_MAGIC, _NO_SEQ if seq is None else seq, len(raw_key), len(value))
+        crc = zlib.crc32(value, zlib.crc32(raw_key, zlib.crc32(fields)))
+        return fields + _CRC.pack(crc) + raw_key + value
 
     @staticmethod
-    def _parse(path: Path, data: bytes) -> tuple[str, int | None, bytes]:
-        if len(data) < _HEADER.size:
-            raise AgentCheckpointCorruptionError(
-                f"{path}: file truncated to {len(data)} bytes (header is {_HEADER.size}); "
-                "restore it from a copy or delete it"
-            )
-        magic, seq, key_len, value_len = _HEADER.unpack_from(data)
+    def _damaged(path: Path, problem: str) -> AgentCheckpointCorruptionError:
+        return AgentCheckpointCorruptionError(
+            f"{path}: {problem}; restore the file from a copy or delete the run "
+            "(the store never returns partial data)"
+        )
+
+    @classmethod
+    def _fields(cls, path: Path, data: bytes) -> tuple[int, int, int, int]:
+        """``(seq, key length, value length, crc)`` of a header, checked for shape."""
+        if len(data) < _HEADER_SIZE:
+            raise cls._damaged(path, f"file truncated to {len(data)} bytes (header is 28)")
+        magic, seq, key_len, value_len = _FIELDS.unpack_from(data)
         if magic != _MAGIC:
-            raise AgentCheckpointCorruptionError(
-                f"{path}: not a checkpoint-stores file (bad magic); remove it from the store"
-            )
-        end = _HEADER.size + key_len + value_len
+            raise cls._damaged(path, "not a checkpoint-stores file (bad magic)")
+        return seq, key_len, value_len, _CRC.unpack_from(data, _FIELDS.size)[0]
+
+    @classmethod
+    def _parse(cls, path: Path, data: bytes) -> tuple[str, int | None, bytes]:
+        seq, key_len, value_len, crc = cls._fields(path, data)
+        end = _HEADER_SIZE + key_len + value_len
         if len(data) != end:
-            raise AgentCheckpointCorruptionError(
-                f"{path}: file is {len(data)} bytes, its header says {end} (truncated or "
-                "appended to); restore it from a copy or delete it"
+            raise cls._damaged(
+                path, f"file is {len(data)} bytes, its header says {end} (truncated or appended to)"
             )
-        key = data[_HEADER.size : _HEADER.size + key_len].decode("utf-8")
-        return key, (None if seq == _NO_SEQ else seq), data[_HEADER.size + key_len :]
+        body = memoryview(data)[_HEADER_SIZE:]
+        if zlib.crc32(body, zlib.crc32(memoryview(data)[: _FIELDS.size])) != crc:
+            raise cls._damaged(path, "checksum mismatch (bit flip or torn write)")
+        return (
+            cls._key(path, body[:key_len]),
+            (None if seq == _NO_SEQ else seq),
+            data[end - value_len :],
+        )
+
+    @classmethod
+    def _key(cls, path: Path, raw: bytes | memoryview) -> str:
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise cls._damaged(path, "stored key is not UTF-8") from None
 
     def _read(self, path: Path) -> tuple[str, int | None, bytes] | None:
         try:
@@ -254,10 +288,26 @@ class FileBackend:
         return self._parse(path, data)
 
     def _read_key(self, directory: Path, key: str) -> tuple[int | None, bytes] | None:
-        found = self._read(directory / _name("k", key))
-        if found is None or found[0] != key:
+        path = directory / _name("k", key)
+        found = self._read(path)
+        if found is None:
             return None
+        if found[0] != key:  # names are derived from keys: only damage (or a copy) gets here
+            raise self._damaged(path, f"file holds key {found[0]!r}, not {key!r}")
         return found[1], found[2]
+
+    def _stored_key(self, path: Path) -> str | None:
+        """The key a hashed-name file holds, reading only its header and key."""
+        try:
+            with open(path, "rb") as handle:
+                head = handle.read(_HEADER_SIZE)
+                _, key_len, _, _ = self._fields(path, head)
+                raw = handle.read(key_len)
+        except FileNotFoundError:
+            return None
+        if len(raw) != key_len:
+            raise self._damaged(path, "file truncated inside its key")
+        return self._key(path, raw)
 
     def _replace(self, directory: Path, key: str, value: bytes, seq: int | None) -> None:
         tmp = self._write_temp(directory, self._record(key, value, seq))
@@ -282,8 +332,7 @@ class FileBackend:
                 if name.startswith("k"):
                     key = _decode(name)
                 elif name.startswith("h"):
-                    parsed = self._read(Path(entry.path))
-                    key = parsed[0] if parsed is not None else None
+                    key = self._stored_key(Path(entry.path))
                 else:
                     continue  # .thread-id, .locks, temp files
                 if key is not None and key.startswith(prefix):
@@ -367,6 +416,8 @@ class FileBackend:
         seq: int,
     ) -> bool:
         """Under the run's flock: compare seq, write records durably, then the head."""
+        if not 0 <= seq <= _MAX_SEQ:
+            raise ValueError(f"seq must be between 0 and 2**63-1, got {seq}")
         lock = self._locks.get((thread_id, head_key))
         if lock is None:
             lock = asyncio.Lock()
@@ -419,7 +470,9 @@ class FileBackend:
         out: builtins.list[bytes | None] = []
         for key, path in chunk:
             found = self._read(path)
-            out.append(found[2] if found is not None and found[0] == key else None)
+            if found is not None and found[0] != key:
+                raise self._damaged(path, f"file holds key {found[0]!r}, not {key!r}")
+            out.append(None if found is None else found[2])  # None: deleted since the scan
         return out
 
     async def list_threads(self, prefix: str = "") -> AsyncIterator[str]:
@@ -434,6 +487,8 @@ class FileBackend:
         except FileNotFoundError:
             return out
         for entry in entries:
+            if not entry.name.startswith(("t", "h")):
+                continue  # a thread directory being created (.tmp-*)
             try:
                 with open(os.path.join(entry.path, ".thread-id"), "rb") as handle:
                     thread_id = handle.read().decode("utf-8")
@@ -450,8 +505,9 @@ class FileBackend:
         return await self._run(self._delete_sync, thread_id, key)  # type: ignore[no-any-return]
 
     def _delete_sync(self, thread_id: str, key: str) -> bool:
+        # No read first: a damaged file must stay deletable (it is the remedy errors name).
         directory = self._thread_dir(thread_id, create=False)
-        if directory is None or self._read_key(directory, key) is None:
+        if directory is None:
             return False
         try:
             os.unlink(directory / _name("k", key))

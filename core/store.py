@@ -306,13 +306,16 @@ class MemoryStore:
         """Delete every checkpoint and effect record of the run; return how many."""
         backend = await self._ready()
         thread = self._thread(thread_id)
-        # Records first, latest last: a crash half-way leaves a run that still reads.
+        prefix = checkpoint_prefix(run_id)
+        # Records first, latest last: a crash half-way leaves a run that still reads. Only
+        # prefix and key deletes, never a list of values: deleting a run is the remedy for
+        # damaged records, so a value that no longer reads must not block it. Step record
+        # keys continue the prefix with a digit.
         removed = await backend.delete_prefix(thread, effect_prefix(run_id))
-        latest = checkpoint_latest_key(run_id)
-        async for key, _ in backend.list(thread, checkpoint_prefix(run_id)):
-            if key != latest:
-                removed += await backend.delete(thread, key)
-        removed += await backend.delete(thread, latest)
+        for digit in "0123456789":
+            removed += await backend.delete_prefix(thread, f"{prefix}{digit}")
+        removed += await backend.delete(thread, runtime_key(run_id))
+        removed += await backend.delete_prefix(thread, prefix)  # latest, and any other key
         return removed
 
     async def delete_thread(self, thread_id: str) -> int:
