@@ -128,6 +128,7 @@ _OPTIONS: Final = frozenset(
         "read_timeout",
         "max_pool_connections",
         "concurrency",
+        "page_size",
         "profile_name",
         "aws_access_key_id",
         "aws_secret_access_key",
@@ -322,6 +323,7 @@ class S3Backend:
         connect_timeout, read_timeout: seconds (default 10 and 60).
         max_pool_connections: HTTP connections kept (default 32).
         concurrency: parallel requests per ``list``/``get_many``/``commit`` (default 16).
+        page_size: names per ``ListObjectsV2`` page (1 to 1000, default 1000).
         profile_name: a profile of ``~/.aws/config``.
         aws_access_key_id, aws_secret_access_key, aws_session_token: explicit
             credentials (prefer the standard chain: environment, profile,
@@ -398,6 +400,9 @@ class S3Backend:
         self._read_timeout = _as_number(opts.get("read_timeout", 60), "read_timeout", float)
         self._pool = _as_number(opts.get("max_pool_connections", 32), "max_pool_connections", int)
         self._concurrency = max(1, _as_number(opts.get("concurrency", 16), "concurrency", int))
+        self._page_size = _as_number(opts.get("page_size", 1000), "page_size", int)
+        if not 1 <= self._page_size <= 1000:
+            raise ValueError(f"s3:// option page_size must be 1 to 1000, got {self._page_size}")
         self._profile: str | None = opts.get("profile_name") or None
         self._checksum: str | None = opts.get("request_checksum_calculation") or None
         self._create_bucket = _as_bool(opts.get("create_bucket", False), "create_bucket")
@@ -613,7 +618,7 @@ class S3Backend:
         """Object names starting with ``start``, in S3 (byte) order, every page."""
         token: str | None = None
         while True:
-            params: dict[str, Any] = {"Prefix": start}
+            params: dict[str, Any] = {"Prefix": start, "MaxKeys": self._page_size}
             if token:
                 params["ContinuationToken"] = token
             page = await self._request("list_objects_v2", **params)
@@ -627,7 +632,11 @@ class S3Backend:
         """Thread directories (``CommonPrefixes`` with delimiter ``/``), in order."""
         token: str | None = None
         while True:
-            params: dict[str, Any] = {"Prefix": start, "Delimiter": "/"}
+            params: dict[str, Any] = {
+                "Prefix": start,
+                "Delimiter": "/",
+                "MaxKeys": self._page_size,
+            }
             if token:
                 params["ContinuationToken"] = token
             page = await self._request("list_objects_v2", **params)
@@ -675,13 +684,19 @@ class S3Backend:
         if not items:
             return None
         name = items[0]["Key"]
-        end = _HEADER.size + _MAX_KEY_BYTES  # the thread id follows the header
-        body = await self._get_body(name, byte_range=f"bytes=0-{end - 1}")
-        if body is None or len(body) < _HEADER.size or body[:4] != _MAGIC:
+        # The thread id follows the header: read the header, then exactly the id.
+        head = await self._get_body(name, byte_range=f"bytes=0-{_HEADER.size - 1}")
+        if head is None or len(head) < _HEADER.size or head[:4] != _MAGIC:
             return None
-        thread_len = _HEADER.unpack_from(body)[3]
+        thread_len = _HEADER.unpack_from(head)[3]
+        if not thread_len:
+            return None
+        end = _HEADER.size + thread_len - 1
+        raw = await self._get_body(name, byte_range=f"bytes={_HEADER.size}-{end}")
+        if raw is None or len(raw) != thread_len:
+            return None
         try:
-            return body[_HEADER.size : _HEADER.size + thread_len].decode("utf-8")
+            return raw.decode("utf-8")
         except UnicodeDecodeError:
             return None
 
