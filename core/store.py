@@ -194,11 +194,12 @@ class MemoryStore:
         """
         thread_id = self._thread(checkpoint.thread_id)
         run_id = validate_run_id(checkpoint.run_id)
+        head = self._key(checkpoint_latest_key(run_id))
         value = data if data is not None else self.encode_checkpoint(checkpoint)
-        writes = [(checkpoint_key(run_id, checkpoint.step, checkpoint.phase.value), value)]
+        record_key = checkpoint_key(run_id, checkpoint.step, checkpoint.phase.value)
+        writes = [(self._key(record_key), value)]
         if checkpoint.phase is Phase.RUNTIME_STATE:
-            writes.append((runtime_key(run_id), value))
-        head = checkpoint_latest_key(run_id)
+            writes.append((self._key(runtime_key(run_id)), value))
         backend = await self._ready()
         if await backend.commit(thread_id, writes, head, value, checkpoint.seq):
             return True
@@ -237,7 +238,8 @@ class MemoryStore:
             AgentCheckpointCorruptionError: the record is unreadable.
         """
         backend = await self._ready()
-        raw = await backend.get(self._thread(thread_id), checkpoint_latest_key(run_id))
+        key = self._key(checkpoint_latest_key(run_id))
+        raw = await backend.get(self._thread(thread_id), key)
         return self._checkpoint(raw, thread_id, run_id, "latest")
 
     async def runtime_snapshot(self, thread_id: str, run_id: str) -> Checkpoint | None:
@@ -247,7 +249,7 @@ class MemoryStore:
         see ``checkpoint_stores.resume`` for the compatible backward scan).
         """
         backend = await self._ready()
-        raw = await backend.get(self._thread(thread_id), runtime_key(run_id))
+        raw = await backend.get(self._thread(thread_id), self._key(runtime_key(run_id)))
         if raw is None:
             return None
         return self._checkpoint(raw, thread_id, run_id, "runtime snapshot")
@@ -257,7 +259,7 @@ class MemoryStore:
     ) -> Checkpoint | None:
         """One record by step and phase, or ``None``."""
         backend = await self._ready()
-        key = checkpoint_key(run_id, step, Phase(phase).value)
+        key = self._key(checkpoint_key(run_id, step, Phase(phase).value))
         raw = await backend.get(self._thread(thread_id), key)
         if raw is None:
             return None
@@ -268,7 +270,7 @@ class MemoryStore:
     ) -> list[Checkpoint | None]:
         """Several records by (step, phase), in one ``get_many``."""
         backend = await self._ready()
-        keys = [checkpoint_key(run_id, s, Phase(p).value) for s, p in steps_phases]
+        keys = [self._key(checkpoint_key(run_id, s, Phase(p).value)) for s, p in steps_phases]
         raws = await backend.get_many(self._thread(thread_id), keys)
         return [
             None if raw is None else self._checkpoint(raw, thread_id, run_id, key)
