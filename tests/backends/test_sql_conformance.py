@@ -1,0 +1,86 @@
+"""The conformance kit, every group, against PostgreSQL (asyncpg), SQLite files and MariaDB.
+
+The backdoor damages the value column with a direct UPDATE, below the SPI
+(the head's seq stays as it was), so the kit proves the codec's checks catch
+damage the database hands back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from checkpoint_stores import StorageBackend
+from checkpoint_stores.backends.sql import SQLBackend
+from checkpoint_stores.conformance import StoreConformance
+from tests.support import ServerInfo
+
+
+class _SQLConformance(StoreConformance):
+    """Shared backdoor: rewrite the row's value in SQL, keeping its seq."""
+
+    async def backdoor_corrupt(
+        self,
+        backend: StorageBackend,
+        thread_id: str,
+        key: str,
+        mutate: Callable[[bytes], bytes],
+    ) -> None:
+        assert isinstance(backend, SQLBackend)
+        value = await backend.get(thread_id, key)
+        if value is None:
+            raise LookupError(f"backdoor_corrupt: nothing stored under {key!r}")
+        _, writer = await backend._engines()
+        table = backend.table
+        stmt = (
+            update(table)
+            .where(
+                table.c.thread_id == thread_id.encode("utf-8"),
+                table.c.state_key == key.encode("utf-8"),
+            )
+            .values(value=mutate(value))
+        )
+        async with writer.begin() as conn:
+            assert (await conn.execute(stmt)).rowcount == 1
+
+
+@pytest.mark.sql
+class TestPostgresConformance(_SQLConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_url(cls, postgres_server: ServerInfo) -> str:
+        return postgres_server.url
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_options(cls, postgres_server: ServerInfo) -> dict[str, Any]:
+        return postgres_server.options
+
+
+@pytest.mark.sql
+class TestSQLiteConformance(_SQLConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_url(cls, sqlite_server: ServerInfo) -> str:
+        return sqlite_server.url
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_options(cls, sqlite_server: ServerInfo) -> dict[str, Any]:
+        return sqlite_server.options
+
+
+@pytest.mark.sql
+class TestMariaDBConformance(_SQLConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_url(cls, mariadb_server: ServerInfo) -> str:
+        return mariadb_server.url
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_options(cls, mariadb_server: ServerInfo) -> dict[str, Any]:
+        return mariadb_server.options
