@@ -64,7 +64,7 @@ from urllib.parse import parse_qsl, urlencode
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import BlockingConnectionPool, Connection, parse_url
+from redis.asyncio.connection import Connection, ConnectionPool, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -413,11 +413,12 @@ class RedisBackend:
     (default ``"cs:"``; no braces), ``ttl`` (seconds; every key written expires
     that long after its last write; default none), ``retries`` (5),
     ``retry_backoff`` (0.05 s, doubled per retry, with jitter) and
-    ``retry_backoff_cap`` (2 s), ``max_connections`` (pool size, per node on
-    Cluster; 50), ``pool_timeout`` (seconds to wait for a pooled connection,
-    standalone; 10), ``socket_timeout`` (10 s), ``socket_connect_timeout``
-    (5 s), ``health_check_interval`` (30 s), and redis-py's ``username``,
-    ``password``, ``client_name``, ``db`` and ``ssl_*`` options.
+    ``retry_backoff_cap`` (2 s), ``max_connections`` (operations in flight at
+    once, and the pool size per node; 50), ``pool_timeout`` (seconds an
+    operation waits for a free connection; 10), ``socket_timeout`` (10 s),
+    ``socket_connect_timeout`` (5 s), ``health_check_interval`` (0: off), and
+    redis-py's ``username``, ``password``, ``client_name``, ``db`` and
+    ``ssl_*`` options.
 
     Example::
 
@@ -483,7 +484,7 @@ class RedisBackend:
             "socket_connect_timeout", opts.get("socket_connect_timeout", 5.0), allow_none=True
         )
         self._health_check = _seconds(
-            "health_check_interval", opts.get("health_check_interval", 30.0)
+            "health_check_interval", opts.get("health_check_interval", 0.0)
         )
         # Driver options from the query go through redis-py's URL parser (it types
         # them); keyword ones are passed as given.
@@ -497,6 +498,7 @@ class RedisBackend:
             self._cluster_seeds()  # fail on a malformed node list now, not at first use
         self._registry = self.key_prefix.encode("utf-8") + b"threads"
         self._client: aioredis.Redis | RedisCluster | None = None
+        self._gate = asyncio.Semaphore(self._max_connections)
         self._scripts: dict[str, AsyncScript] = {}
 
     def __repr__(self) -> str:
@@ -538,15 +540,18 @@ class RedisBackend:
         else:
             kwargs = self._parse(self._location, self.url.partition("://")[0].strip().lower())
             connection_class = kwargs.pop("connection_class", Connection)
-            pool = BlockingConnectionPool(
+            # A plain pool: the gate in _run_counted keeps it within max_connections
+            # more cheaply than redis-py's BlockingConnectionPool (a condition and
+            # a timeout per command).
+            pool = ConnectionPool(
                 connection_class=connection_class,
                 max_connections=self._max_connections,
-                timeout=self._pool_timeout,
                 **kwargs,
                 **common,
             )
             client = aioredis.Redis.from_pool(pool)
         self._client = client
+        self._gate = asyncio.Semaphore(self._max_connections)
         self._scripts = {
             "commit": client.register_script(LUA_COMMIT),
             "put": client.register_script(_LUA_PUT),
@@ -641,9 +646,17 @@ class RedisBackend:
     async def _run_counted(self, what: str, op: Callable[[], Awaitable[T]]) -> tuple[T, int]:
         """Run ``op`` with retries on transient failures; return its result and the failures."""
         failures = 0
+        gate = self._gate
         while True:
             try:
-                return await op(), failures
+                if gate.locked():
+                    await self._wait_for_connection(gate, what)
+                else:
+                    await gate.acquire()  # free slot: returns without suspending
+                try:
+                    return await op(), failures
+                finally:
+                    gate.release()
             except _FATAL_AUTH as exc:
                 raise self._unavailable(what, exc) from None
             except _TRANSIENT as exc:
@@ -664,6 +677,16 @@ class RedisBackend:
                 raise self._unavailable(what, exc) from None
             except rexc.RedisError as exc:
                 raise self._unavailable(what, exc) from None
+
+    async def _wait_for_connection(self, gate: asyncio.Semaphore, what: str) -> None:
+        try:
+            await asyncio.wait_for(gate.acquire(), self._pool_timeout)
+        except asyncio.TimeoutError:
+            raise StoreUnavailableError(
+                f"Redis store {self._redacted}: {what} waited {self._pool_timeout} s for one of "
+                f"its {self._max_connections} connections; raise max_connections or "
+                "pool_timeout, or send fewer operations at once"
+            ) from None
 
     async def _eval(
         self, what: str, script: str, keys: list[bytes], args: list[Any]

@@ -204,3 +204,25 @@ async def test_cut_connections_during_many_commits_leave_no_partial_commit(
             for checkpoint in history:
                 assert checkpoint.payload["seq"] == checkpoint.seq  # every record decodes whole
         await store.delete_thread(thread_id)
+
+
+async def test_operations_queue_for_connections_then_time_out_clearly(
+    proxy: FaultProxy, redis_server: ServerInfo
+) -> None:
+    url, options = proxied(proxy, redis_server, max_connections=2, pool_timeout=0.3)
+    backend = open_backend(url, **options)
+    thread_id = tid()
+    await backend.put(thread_id, "k", b"v")
+    # Forty at once through two connections: they wait their turn, none fails.
+    assert await asyncio.gather(*(backend.get(thread_id, "k") for _ in range(40))) == [b"v"] * 40
+    proxy.blackhole = True
+    stalled = [asyncio.create_task(backend.get(thread_id, "k")) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(StoreUnavailableError, match="max_connections"):
+        await backend.get(thread_id, "k")
+    proxy.recover()
+    proxy.cut()
+    for task in stalled:  # the two stalled ones retry on fresh connections and succeed
+        assert await task == b"v"
+    assert await backend.delete_thread(thread_id) == 1
+    await backend.close()
