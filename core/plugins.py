@@ -262,7 +262,7 @@ class BackendRegistry:
             strict = os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
         manager = pluggy.PluginManager("checkpoint_stores")
         manager.add_hookspecs(HookSpecs)
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=_builtin_first):
             dist = getattr(ep, "dist", None)
             origin = _Origin(
@@ -270,9 +270,13 @@ class BackendRegistry:
                 distribution=dist.name if dist is not None else None,
                 version=dist.version if dist is not None else None,
             )
-            if ep.name in seen:  # the same distribution seen twice on sys.path
+            # The same entry point seen twice (one distribution twice on sys.path) loads
+            # once. Another plugin reusing a taken name is not skipped silently: pluggy
+            # refuses the name below, and that is reported like any other failure.
+            if (ep.name, ep.value) in seen:
                 continue
-            seen.add(ep.name)
+            seen.add((ep.name, ep.value))
+            before = dict(self.entries)
             try:
                 plugin = ep.load()
                 manager.register(plugin, name=ep.name)
@@ -290,6 +294,8 @@ class BackendRegistry:
                 for impl in impls:
                     impl.function(registry=self)
             except Exception as exc:  # a broken plugin must not take the others down
+                self.entries.clear()  # drop what its hook added before failing
+                self.entries.update(before)
                 self._report(
                     PluginFailure(
                         plugin=ep.name,
