@@ -151,6 +151,9 @@ _OPTIONS: Final = frozenset(
 # Execution option that makes the SQLite "begin" hook take the write lock at once.
 _IMMEDIATE: Final = "checkpoint_stores_immediate"
 _ROWCOUNT: Final = {"preserve_rowcount": True}
+# Failures below the DBAPI: refused or reset sockets, driver timeouts (asyncio's
+# TimeoutError is a distinct class before Python 3.11), pool checkout timeouts.
+_OUTAGES: Final = (OSError, TimeoutError, asyncio.TimeoutError, sa_exc.TimeoutError)
 
 
 def _as_bool(value: Any, name: str) -> bool:
@@ -701,6 +704,8 @@ class SQLBackend:
         """A StoreUnavailableError naming the redacted URL and the driver's complaint."""
         orig = getattr(exc, "orig", None) or exc
         detail = str(orig).strip().splitlines()[0] if str(orig).strip() else ""
+        if isinstance(orig, _OUTAGES[1:3]) and not detail:
+            detail = f"no answer within {self._timeout:g}s (the timeout option)"
         if self._secret:
             detail = detail.replace(self._secret, "***")
         detail = detail[:300]
@@ -731,7 +736,7 @@ class SQLBackend:
                 if attempt == 0 and exc.connection_invalidated:
                     continue  # the pool was invalidated; the next checkout reconnects
                 raise self._unavailable(what, exc) from exc
-            except (OSError, TimeoutError, sa_exc.TimeoutError) as exc:
+            except _OUTAGES as exc:
                 raise self._unavailable(what, exc) from exc
         raise AssertionError("unreachable")
 
@@ -746,7 +751,7 @@ class SQLBackend:
                 return int(result.rowcount)
         except sa_exc.DBAPIError as exc:
             raise self._unavailable(what, exc) from exc
-        except (OSError, TimeoutError, sa_exc.TimeoutError) as exc:
+        except _OUTAGES as exc:
             raise self._unavailable(what, exc) from exc
 
     def _tid(self, thread_id: str) -> bytes:
@@ -839,7 +844,7 @@ class SQLBackend:
                 moved = (await conn.execute(self._s_commit, params)).scalar_one()
         except sa_exc.DBAPIError as exc:
             raise self._unavailable("commit", exc) from exc
-        except (OSError, TimeoutError, sa_exc.TimeoutError) as exc:
+        except _OUTAGES as exc:
             raise self._unavailable("commit", exc) from exc
         return bool(moved)
 
@@ -877,7 +882,7 @@ class SQLBackend:
                 if isinstance(exc, sa_exc.IntegrityError) and self.family == "sqlite":
                     raise  # cannot happen under BEGIN IMMEDIATE: a bug, not an outage
                 raise self._unavailable("commit", exc) from exc
-            except (OSError, TimeoutError, sa_exc.TimeoutError) as exc:
+            except _OUTAGES as exc:
                 raise self._unavailable("commit", exc) from exc
         raise AssertionError("unreachable")
 
