@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from checkpoint_stores import (
     AgentCheckpointCorruptionError,
@@ -368,8 +368,8 @@ class LatestChecks:
         problems += await self._final_state_problems(ctx.store, thread, run, attempts)
         ctx.expect(
             not problems,
-            lambda: f"{self.race_tasks} tasks x {self.race_rounds} rounds, same seq per round:\n"
-            + "\n".join(problems[:8]),
+            lambda: "\n".join(problems[:8])
+            + f"\n({self.race_tasks} tasks x {self.race_rounds} rounds, same seq per round)",
         )
 
     @check("latest.concurrent_tasks_highest_wins")
@@ -381,8 +381,8 @@ class LatestChecks:
         problems += await self._final_state_problems(ctx.store, thread, run, attempts)
         ctx.expect(
             not problems,
-            lambda: f"{self.race_tasks} tasks x {self.race_rounds} rounds, shuffled seqs:\n"
-            + "\n".join(problems[:8]),
+            lambda: "\n".join(problems[:8])
+            + f"\n({self.race_tasks} tasks x {self.race_rounds} rounds, shuffled seqs)",
         )
 
     @check("latest.concurrent_losers_write_nothing", needs=("fenced_commit",))
@@ -458,13 +458,18 @@ class LatestChecks:
         problems += await self._final_state_problems(ctx.store, thread, run, attempts)
         ctx.expect(
             not problems,
-            lambda: f"{procs} processes x {2 * rounds} commits (same seq, then interleaved seqs):\n"
-            + "\n".join(problems[:8]),
+            lambda: "\n".join(problems[:8])
+            + f"\n({procs} processes x {2 * rounds} commits: same seq, then interleaved seqs)",
         )
 
-    async def _kill_writers(self, ctx: CheckContext, thread: str, run: str) -> list[Checkpoint]:
-        """Kill a writer process mid-stream three times; return latest after each kill."""
-        seen: list[Checkpoint] = []
+    async def _kill_writers(
+        self,
+        ctx: CheckContext,
+        thread: str,
+        run: str,
+        verify: Callable[[Checkpoint], Awaitable[None]],
+    ) -> None:
+        """Kill a writer process mid-stream three times; ``verify`` the latest after each kill."""
         next_seq = 1
         for _ in range(3):
             spec = ctx.worker_spec(
@@ -482,15 +487,15 @@ class LatestChecks:
                 latest = await ctx.store.latest(thread, run)
             except AgentCheckpointCorruptionError as exc:
                 ctx.fail(f"after a writer process was killed, latest does not decode: {exc}")
-            seen.append(latest)
+            await verify(latest)
             next_seq = latest.seq + 1
-        return seen
 
     @check("latest.killed_writer_head_names_existing_record", needs=("cross_process",))
     async def test_latest_killed_writer_head_names_existing_record(self, ctx: CheckContext) -> None:
         """after a writer process is killed mid-commit, latest decodes and names a record that exists"""
         store, thread, run = ctx.store, ctx.thread(), ctx.run_id()
-        for latest in await self._kill_writers(ctx, thread, run):
+
+        async def verify(latest: Checkpoint) -> None:
             record = await store.get_checkpoint(thread, run, latest.step, latest.phase)
             ctx.expect(
                 record is not None and record.seq == latest.seq,
@@ -498,11 +503,13 @@ class LatestChecks:
                 f"record is {'missing' if record is None else f'at seq {record.seq}'}: the head "
                 "moved before (or without) the data it names",
             )
-        try:
-            await store.runtime_snapshot(thread, run)
-            await store.history(thread, run)
-        except AgentCheckpointCorruptionError as exc:
-            ctx.fail(f"after writers were killed, a stored record does not decode: {exc}")
+            try:
+                await store.runtime_snapshot(thread, run)
+                await store.history(thread, run)
+            except AgentCheckpointCorruptionError as exc:
+                ctx.fail(f"after a writer was killed, a stored record does not decode: {exc}")
+
+        await self._kill_writers(ctx, thread, run, verify)
 
     @check(
         "latest.killed_writer_commit_all_or_nothing", needs=("cross_process", "atomic_commit")
@@ -510,13 +517,16 @@ class LatestChecks:
     async def test_latest_killed_writer_commit_all_or_nothing(self, ctx: CheckContext) -> None:
         """with atomic_commit, a writer killed mid-commit leaves no record above the head's seq"""
         store, thread, run = ctx.store, ctx.thread(), ctx.run_id()
-        for latest in await self._kill_writers(ctx, thread, run):
+
+        async def verify(latest: Checkpoint) -> None:
             above = [cp.seq for cp in await store.history(thread, run) if cp.seq > latest.seq]
             ctx.expect(
                 not above,
-                f"latest is at seq {latest.seq}, yet records of seqs {above} exist: a killed "
+                f"latest is at seq {latest.seq}, yet records of seqs {above[:10]} exist: a killed "
                 "commit was applied in part although the store declares atomic_commit",
             )
+
+        await self._kill_writers(ctx, thread, run, verify)
 
     # -- O(1) reads ------------------------------------------------------------------------
 

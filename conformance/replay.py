@@ -150,15 +150,26 @@ class ReplayChecks:
                 *(
                     ledger.execute(step, "call-1", "charge", {"step": step}, tool)
                     for ledger in ledgers
-                )
+                ),
+                return_exceptions=True,
             )
-            executed = sum(o.executed for o in outcomes)
+            errors = [o for o in outcomes if isinstance(o, BaseException)]
+            executed = sum(1 for o in outcomes if not isinstance(o, BaseException) and o.executed)
             ctx.expect(
-                len(tool.calls) == 1 and executed == 1,
-                f"step {step}: {self.effect_racers} executors raced; the tool ran "
-                f"{len(tool.calls)} time(s), {executed} outcome(s) say executed",
+                len(tool.calls) == 1,
+                f"step {step}: {self.effect_racers} executors raced and the tool ran "
+                f"{len(tool.calls)} times (the effect happened {len(tool.calls)} times)"
+                + (f"; {len(errors)} executor(s) then raised {errors[0]!r:.200}" if errors else ""),
             )
-            outputs = {json.dumps(o.output, sort_keys=True) for o in outcomes}
+            ctx.expect(
+                not errors and executed == 1,
+                f"step {step}: {executed} outcome(s) say executed; errors: {errors[:2]!r:.300}",
+            )
+            outputs = {
+                json.dumps(o.output, sort_keys=True)
+                for o in outcomes
+                if not isinstance(o, BaseException)
+            }
             ctx.expect(len(outputs) == 1, f"step {step}: executors got different outputs {outputs}")
 
     @check("replay.concurrent_processes_one_executes", needs=("cross_process",))
