@@ -309,3 +309,35 @@ async def test_rotation_with_an_unknown_old_key_fails_loudly_and_keeps_the_value
 async def test_rotation_needs_a_cipher() -> None:
     with pytest.raises(CheckpointStoreError, match="needs a store opened with a cipher"):
         await rotate(open_store("memory://"))
+
+
+async def test_rotation_retries_when_a_writer_moves_the_head_meanwhile() -> None:
+    from checkpoint_stores.backends.memory import MemoryBackend
+    from tests.ops_samples import WrappedBackend
+
+    inner = MemoryBackend()
+    writer = open_store("memory://", codec=codec({"k1": K1}))
+    writer.backend = inner
+    chain = await write_run(writer, "t", "r", finished=False, steps=1)
+    seq = chain[-1].seq
+
+    class RacingBackend(WrappedBackend):
+        raced = False
+
+        async def commit(self, thread_id, writes, head_key, head_value, seq_):  # type: ignore[no-untyped-def]
+            if not self.raced:
+                self.raced = True  # the writer lands its next checkpoint first (old key)
+                await writer.append(cp("t", "r", seq + 1, 2, Phase.PRE_LLM))
+            return await super().commit(thread_id, writes, head_key, head_value, seq_)
+
+    rotating = MemoryStore(RacingBackend(inner), codec=codec({"k2": K2, "k1": K1}, active="k2"))
+    report = await rotate(rotating)
+    assert report.ok, report.failed
+    # The first re-stamp lost to the writer; the retry re-stamped the writer's head.
+    assert report.restamped == [("t", "r", seq + 1, seq + 2)]
+    latest = await rotating.latest("t", "r")
+    assert (latest.seq, latest.step) == (seq + 2, 2)
+    assert envelope_key_id(await inner.get("t", "checkpoint:r:latest") or b"") == "k2"
+    # The record the writer added during the scan is still on k1; a rerun finishes the job.
+    await rotate(rotating)
+    assert await _all_key_ids(rotating, ["t"]) == {"k2"}
