@@ -289,3 +289,43 @@ async def test_resume_and_refusal_on_each_backend(server: ServerInfo) -> None:
         finally:
             for thread in threads:
                 await dst.delete_thread(thread)
+
+
+class SmallKeysBackend(WrappedBackend):
+    """A destination that holds shorter ids than the source (e.g. an S3 key limit)."""
+
+    @property
+    def capabilities(self):  # type: ignore[no-untyped-def]
+        from dataclasses import replace
+
+        return replace(self.inner.capabilities, max_key_bytes=64, max_value_bytes=2000)
+
+
+async def test_ids_and_values_the_destination_cannot_hold_are_reported_not_lost() -> None:
+    async with fresh_memory() as src:
+        long_thread = "t-" + "x" * 100
+        await write_run(src, long_thread, "r", finished=True, steps=1)
+        await write_run(src, "short", "r", finished=True, steps=1)
+        await src.put_state("short", "big", {"blob": "y" * 5000})
+        await src.put_state("short", "k" * 80, {"a": 1})
+        inner = MemoryBackend()
+        report = await copy_store(src, MemoryStore(SmallKeysBackend(inner)))
+        assert not report.ok
+        problems = {(t[:8], k[:8]) for t, k, _ in report.errors}
+        assert problems == {(long_thread[:8], ""), ("short", "big"), ("short", "k" * 8)}
+        assert [t async for t in inner.list_threads()] == ["short"]
+        # The run itself fit, so it was copied whole, latest included.
+        assert await inner.get("short", checkpoint_latest_key("r")) is not None
+        assert await inner.get("short", "big") is None
+
+
+async def test_a_run_with_a_record_too_large_keeps_its_destination_latest_unmoved() -> None:
+    async with fresh_memory() as src:
+        await src.append(cp("t", "r", 1, 0, Phase.RUN_STARTED))
+        await src.append(cp("t", "r", 2, 1, Phase.PRE_LLM, note="z" * 5000))
+        await src.append(cp("t", "r", 3, 1, Phase.POST_LLM))
+        inner = MemoryBackend()
+        report = await copy_store(src, MemoryStore(SmallKeysBackend(inner)))
+        assert [k for _, k, _ in report.errors] == ["checkpoint:r:1:pre_llm", "checkpoint:r:latest"]
+        assert await inner.get("t", checkpoint_latest_key("r")) is None
+        assert report.runs_copied == 0
