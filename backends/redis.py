@@ -492,6 +492,12 @@ class RedisBackend:
             [(k, v) for k, v in from_query.items() if k in _DRIVER_OPTIONS and k not in options]
         )
         self._driver_options = {k: v for k, v in options.items() if k in _DRIVER_OPTIONS}
+        # Options can arrive as strings (CLI ``-o key=value``): type the non-string ones.
+        if isinstance(self._driver_options.get("ssl_check_hostname"), str):
+            flag = self._driver_options["ssl_check_hostname"].strip().lower()
+            self._driver_options["ssl_check_hostname"] = flag not in {"0", "false", "no", "off"}
+        if isinstance(self._driver_options.get("db"), str):
+            self._driver_options["db"] = _count("db", self._driver_options["db"], 0)
         self._password = opts.get("password")
         self._location = location
         if self.cluster:

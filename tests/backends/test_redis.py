@@ -445,6 +445,13 @@ def test_bad_options_are_refused_clearly(
         RedisBackend(url, **options)
 
 
+def test_string_options_are_typed() -> None:
+    """CLI ``-o key=value`` options arrive as strings."""
+    b = RedisBackend("redis://h/0", db="2", ssl_check_hostname="false", ttl="60", retries="1")
+    assert b._driver_options == {"db": 2, "ssl_check_hostname": False}
+    assert (b.ttl, b._retries) == (60.0, 1)
+
+
 def test_cluster_urls() -> None:
     b = RedisBackend("redis+cluster://u:pw@a:7000, b:7001,[::1]:7002,c/0")
     assert b._cluster_seeds() == ("u:pw@", [("a", 7000), ("b", 7001), ("::1", 7002), ("c", 6379)])

@@ -9,7 +9,11 @@ through short outages, and never leave a partial commit visible.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import shutil
+import signal
+import subprocess
 import traceback
 import uuid
 from collections.abc import Iterator
@@ -18,11 +22,13 @@ from typing import Any
 import pytest
 
 from checkpoint_stores import open_backend, open_store
+from checkpoint_stores.backends.redis import RedisBackend
 from checkpoint_stores.errors import StoreUnavailableError
 from checkpoint_stores.schema import Checkpoint, Phase
 from checkpoint_stores.urls import redact_url
 from tests.faultproxy import FaultProxy
-from tests.support import ServerInfo, free_port
+from tests.servers.redis import start_cluster
+from tests.support import ServerInfo, backend_unavailable, free_port
 
 pytestmark = pytest.mark.redis
 
@@ -225,4 +231,56 @@ async def test_operations_queue_for_connections_then_time_out_clearly(
     for task in stalled:  # the two stalled ones retry on fresh connections and succeed
         assert await task == b"v"
     assert await backend.delete_thread(thread_id) == 1
+    await backend.close()
+
+
+# -- Cluster: a master that stops answering ---------------------------------------------
+
+Started = list[tuple[int, "subprocess.Popen[bytes]"]]
+
+
+@pytest.fixture(scope="module")
+def private_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Started]]:
+    """A three-master cluster of this module's own, so freezing a node disturbs no other test."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        backend_unavailable("redis-cluster", "redis-server and redis-cli are not on PATH")
+    root = tmp_path_factory.mktemp("redis-cluster-faults")
+    with start_cluster(root, root / "servers.log") as started:
+        yield "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p, _ in started), started
+
+
+async def test_cluster_master_that_stops_answering_fails_clearly_then_recovers(
+    private_cluster: tuple[str, Started],
+) -> None:
+    url, started = private_cluster
+    options = {"socket_timeout": 0.5, "retries": 1, "retry_backoff": 0.01, "key_prefix": "f:"}
+    backend = open_backend(url, **options)
+    assert isinstance(backend, RedisBackend)
+    await backend.setup()
+    client: Any = backend._connect()
+    frozen_port, frozen = started[0]
+    on_frozen = on_other = None
+    for n in range(1000):  # a thread whose slot the frozen master owns, and one it does not
+        thread_id = f"thread-{n}"
+        names = backend.key_names(thread_id)
+        port = client.get_node_from_key(names.index_key).port
+        if port == frozen_port and on_frozen is None:
+            on_frozen = thread_id
+        elif port != frozen_port and on_other is None:
+            on_other = thread_id
+    assert on_frozen is not None
+    assert on_other is not None
+    await backend.put(on_frozen, "k", b"frozen")
+    await backend.put(on_other, "k", b"other")
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(StoreUnavailableError, match="Timeout") as info:
+            await backend.get(on_frozen, "k")
+        assert redact_url(url) in str(info.value)
+        assert await backend.get(on_other, "k") == b"other"  # the other masters still serve
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    assert await backend.get(on_frozen, "k") == b"frozen"  # the same backend recovers
+    assert await backend.delete_thread(on_frozen) == 1
+    assert await backend.delete_thread(on_other) == 1
     await backend.close()

@@ -96,14 +96,16 @@ def _cluster_ok(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def _start_cluster(root: Path, log: Path) -> Iterator[list[int]]:
+def start_cluster(root: Path, log: Path) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]]]:
+    """Three masters on free loopback ports, joined and ``cluster_state:ok``; stopped on exit."""
     ports = [free_port() for _ in range(3)]
+    procs: list[subprocess.Popen[bytes]] = []
     bus_ports = [free_port() for _ in range(3)]
     with contextlib.ExitStack() as stack:
         for port, bus in zip(ports, bus_ports, strict=True):
             data = root / str(port)
             data.mkdir()
-            stack.enter_context(
+            proc = stack.enter_context(
                 child_process(
                     [
                         "redis-server",
@@ -131,6 +133,7 @@ def _start_cluster(root: Path, log: Path) -> Iterator[list[int]]:
                     log=log,
                 )
             )
+            procs.append(proc)
         for port in ports:
             wait_port("127.0.0.1", port, timeout=20)
         created = _redis_cli(
@@ -146,7 +149,7 @@ def _start_cluster(root: Path, log: Path) -> Iterator[list[int]]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not reach cluster_state:ok in 30 s")
             time.sleep(0.1)
-        yield ports
+        yield list(zip(ports, procs, strict=True))
 
 
 @pytest.fixture(scope="session")
@@ -168,7 +171,8 @@ def redis_cluster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         root = tmp_path_factory.mktemp(f"redis-cluster-{attempt}")
         log = root / "servers.log"
         try:
-            with _start_cluster(root, log) as ports:
+            with start_cluster(root, log) as started:
+                ports = [port for port, _ in started]
                 nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
                 yield ServerInfo(
                     "redis-cluster",
