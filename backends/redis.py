@@ -436,7 +436,7 @@ class RedisBackend:
         notes=(
             "durable across client restarts; across server restarts only as the server's "
             "persistence allows (RDB snapshots can lose minutes, AOF everysec about a second, "
-            "appendfsync always nothing acknowledged); list_threads is best-effort (see docs)"
+            "appendfsync always loses nothing acknowledged); list_threads is best-effort (see docs)"
         ),
     )
 
@@ -746,7 +746,9 @@ class RedisBackend:
         client = self._connect()
         base = self.key_names(thread_id).value_prefix
         names = [base + k.encode("utf-8") for k in keys]
-        return cast("list[bytes | None]", await self._run("get_many", lambda: client.mget(names)))
+        return cast(
+            "builtins.list[bytes | None]", await self._run("get_many", lambda: client.mget(names))
+        )
 
     async def put(self, thread_id: str, key: str, value: bytes) -> None:
         """Upsert the value and its index entry in one script."""
@@ -836,19 +838,18 @@ class RedisBackend:
                 )
             for member, value in zip(members, values, strict=True):
                 if value is not None:
-                    yield self._decode_key(member, thread_id), value
+                    yield self._decode(member, f"the index of thread {thread_id!r}"), value
             if len(members) < _PAGE:
                 return
             low = b"(" + members[-1]
 
-    def _decode_key(self, member: bytes, thread_id: str) -> str:
+    def _decode(self, member: bytes, where: str) -> str:
         try:
             return member.decode("utf-8")
         except UnicodeDecodeError:
             raise AgentCheckpointCorruptionError(
-                f"Redis store {self._redacted}: the index of thread {thread_id!r} holds a key "
-                f"that is not UTF-8 ({member[:40]!r}); something else wrote under key_prefix "
-                f"{self.key_prefix!r}"
+                f"Redis store {self._redacted}: {where} holds a name that is not UTF-8 "
+                f"({member[:40]!r}); something else wrote under key_prefix {self.key_prefix!r}"
             ) from None
 
     async def list_threads(self, prefix: str = "") -> AsyncIterator[str]:
@@ -867,7 +868,7 @@ class RedisBackend:
             )
             if not members:
                 return
-            ids = [m.decode("utf-8") for m in members]
+            ids = [self._decode(m, "the thread registry") for m in members]
             alive = set(await self._existing(ids))
             await self._unregister([t for t in ids if t not in alive])
             for thread_id in ids:

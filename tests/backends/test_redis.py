@@ -146,6 +146,16 @@ async def test_longest_declared_key_round_trips(backend: RedisBackend) -> None:
     assert await backend.delete_thread(thread_id) == 1
 
 
+async def test_values_up_to_the_declared_maximum(backend: RedisBackend) -> None:
+    thread_id = tid("big")
+    big = bytes(range(256)) * ((RedisBackend.capabilities.max_value_bytes or 0) // 256)
+    assert len(big) == 64 * 1024 * 1024
+    # The largest command the facade sends: record, runtime copy and head, each at the maximum.
+    assert await backend.commit(thread_id, [("rec", big), ("runtime", big)], "head", big, 1)
+    assert await backend.get_many(thread_id, ["rec", "runtime", "head"]) == [big, big, big]
+    assert await backend.delete_thread(thread_id) == 3
+
+
 # -- commit and seqs ------------------------------------------------------------------
 
 
