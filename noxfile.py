@@ -14,7 +14,7 @@ nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = False
 
 # Worked third-party plugins the kit is proven against (installed into the test venv).
-EXAMPLES = ["./examples/third_party_store"]
+EXAMPLES = ["./examples/third_party_store", "./examples/broken_store"]
 
 
 @nox.session

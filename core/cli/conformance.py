@@ -121,6 +121,7 @@ def conformance(
             f"[bold red]error:[/] the conformance kit needs pytest and hypothesis ({exc}); "
             'install them with: pip install "checkpoint-stores[conformance]"',
             highlight=False,
+            soft_wrap=True,
         )
         sys.exit(2)
     backend_options = parse_options(options)
@@ -130,14 +131,18 @@ def conformance(
         err_console.print(
             f"[bold red]error:[/] cannot open the store: {type(exc).__name__}: {escape(str(exc))}",
             highlight=False,
+            soft_wrap=True,
         )
         sys.exit(2)
     console.print(
         f"[bold]conformance kit[/] against {escape(description.label)} "
         f"({escape(description.provider)}; {escape(description.backend)})",
         highlight=False,
+        soft_wrap=True,
     )
-    console.print(f"capabilities: {escape(description.capability_line())}", highlight=False)
+    console.print(
+        f"capabilities: {escape(description.capability_line())}", highlight=False, soft_wrap=True
+    )
     collector = _Collector()
     with tempfile.TemporaryDirectory(prefix="checkpoint-stores-kit-") as tmp:
         args = _pytest_args(
@@ -175,7 +180,9 @@ def conformance(
         skips = [r for r in store.checks.values() if r.outcome == "skipped"]
         for result in skips:
             console.print(
-                f"[yellow]skipped[/] {result.name}: {escape(result.explanation)}", highlight=False
+                f"[yellow]skipped[/] {result.name}: {escape(result.explanation)}",
+                highlight=False,
+                soft_wrap=True,
             )
         for result in store.failed():
             console.print(
@@ -183,7 +190,9 @@ def conformance(
             )
         level = store.level()
         colour = "green" if level.startswith("full") else "red" if store.failed() else "yellow"
-        console.print(f"conformance level: [bold {colour}]{escape(level)}[/]", highlight=False)
+        console.print(
+            f"conformance level: [bold {colour}]{escape(level)}[/]", highlight=False, soft_wrap=True
+        )
     if results.ok() and int(code) == 0:
         return
     if not verbose and not results.ok():
