@@ -224,7 +224,9 @@ def test_broken_plugins_are_reported_and_the_others_still_load(site: FakeSite) -
     add_good(site)
     add_broken(site)
     registry, warned = reload_with_warnings()
-    failures = {f.plugin: f for f in registry.failures}
+    ours = {"broken-import-plugin", "raising-plugin", "nohook-plugin", "badsig-plugin"}
+    ours |= {"conflict-plugin", "squatter-plugin"}
+    failures = {f.plugin: f for f in registry.failures if f.distribution in ours}
     assert set(failures) == {"brokenimport", "raising", "nohook", "badsig", "conflict", "memory"}
     assert "ModuleNotFoundError" in failures["brokenimport"].error
     assert failures["brokenimport"].distribution == "broken-import-plugin"
@@ -236,7 +238,7 @@ def test_broken_plugins_are_reported_and_the_others_still_load(site: FakeSite) -
     assert failures["memory"].distribution == "squatter-plugin"
     assert "Traceback" in failures["raising"].detail
     # Each failure is a warning naming the plugin and how to make it an error.
-    assert len(warned) == 6
+    assert len(warned) == len(registry.failures)
     assert any("'raising' from raising-plugin failed to load" in w for w in warned)
     assert all("CHECKPOINT_STORES_STRICT_PLUGINS=1" in w for w in warned)
     # Everything else still loads; the built-in schemes are untouched.
