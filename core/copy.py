@@ -382,6 +382,9 @@ class _Copier:
     ) -> None:
         checkpoint, _ = run_prefixes(run.run_id)
         head_key, runtime_key = checkpoint + LATEST_SUFFIX, checkpoint + RUNTIME_SUFFIX
+        self.progress.advanced(
+            1 + (run.runtime is not None), len(run.head or b"") + len(run.runtime or b"")
+        )
         writes: list[tuple[str, bytes]] = []
         if run.runtime is not None:
             try:
@@ -398,8 +401,6 @@ class _Copier:
                 return
         # The runtime copy rides in the commit: it lands only if the latest moves.
         moved = await self.dst.backend.commit(thread_id, writes, head_key, head_data, seq)
-        tail = 1 + len(writes)
-        self.progress.advanced(tail, len(run.head or b"") + len(run.runtime or b""))
         if not moved:
             self.report.refused.append(
                 RefusedRun(

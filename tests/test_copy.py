@@ -329,3 +329,28 @@ async def test_a_run_with_a_record_too_large_keeps_its_destination_latest_unmove
         assert [k for _, k, _ in report.errors] == ["checkpoint:r:1:pre_llm", "checkpoint:r:latest"]
         assert await inner.get("t", checkpoint_latest_key("r")) is None
         assert report.runs_copied == 0
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.planned_items = self.planned_bytes = self.done_items = self.done_bytes = 0
+
+    def planned(self, items: int, nbytes: int) -> None:
+        self.planned_items += items
+        self.planned_bytes += nbytes
+
+    def advanced(self, items: int, nbytes: int) -> None:
+        self.done_items += items
+        self.done_bytes += nbytes
+
+
+async def test_progress_ends_where_it_planned_also_with_refusals() -> None:
+    async with fresh_memory() as src, fresh_memory() as dst:
+        threads = await fill(src, "p-", suffixes=("a", "b"))
+        await dst.append(cp(threads[0], "live-run", 50, 9, Phase.PRE_LLM))
+        tally = Tally()
+        report = await copy_store(src, dst, progress=tally)
+        assert len(report.refused) == 1
+        stored = await dump(src, threads)
+        assert tally.planned_items == tally.done_items == sum(len(v) for v in stored.values())
+        assert tally.planned_bytes == tally.done_bytes
