@@ -794,7 +794,7 @@ class S3Backend:
         return StoreUnavailableError(
             f"the S3 server at {self._location()} ignored {header} on PutObject, so this store "
             "cannot keep a run's latest from going backwards. Use a server with S3 conditional "
-            "writes (AWS S3, MinIO 2024-11 or later, Cloudflare R2, ...); "
+            "writes (AWS S3, Cloudflare R2, a MinIO from RELEASE.2024-05-07 on, ...); "
             "verify_conditional_writes=false skips this check at your own risk"
         )
 
