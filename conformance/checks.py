@@ -1,8 +1,8 @@
 """The kit's checks as data: names, groups, the guarantee each one proves, what it needs.
 
 Every conformance test is declared with :func:`check`, which turns an
-``async def`` (or plain ``def``) body taking a :class:`~checkpoint_stores.conformance.context.CheckContext`
-into a sync pytest test with the group's marker, and records a
+``async def`` (or plain ``def``) body taking a ``CheckContext`` into a sync
+pytest test with the group's marker, and records a
 :class:`CheckInfo` in :data:`CHECKS`. A backend lists check names it knowingly
 fails in ``Capabilities.divergences``; the kit then runs them as strict
 expected failures.
@@ -109,7 +109,7 @@ def check(name: str, *, needs: tuple[str, ...] = ()) -> Callable[[CheckBody], An
     """Declare a conformance check.
 
     The decorated method, named ``test_<group>_<check>``, takes ``(self, ctx)``;
-    its docstring's first line is the guarantee. It becomes a sync pytest test
+    its docstring's first paragraph is the guarantee. It becomes a sync pytest test
     that runs the body in its own event loop on a freshly opened backend (see
     ``StoreConformance``): no pytest-asyncio, no loop-scope questions.
     """
@@ -124,7 +124,8 @@ def check(name: str, *, needs: tuple[str, ...] = ()) -> Callable[[CheckBody], An
 
     def decorate(body: CheckBody) -> Any:
         doc = inspect.getdoc(body) or ""
-        guarantee = doc.splitlines()[0].strip() if doc else name
+        # The guarantee is the docstring's first paragraph, on one line.
+        guarantee = " ".join(doc.split("\n\n")[0].split()) if doc else name
         info = CheckInfo(name=name, group=group, guarantee=guarantee, needs=tuple(needs))
         if body.__name__ != info.test_name:
             raise ValueError(f"check {name!r} must be defined as {info.test_name}()")

@@ -194,7 +194,8 @@ class CheckContext:
                 continue
             if left:
                 problems.append(
-                    f"delete_thread({thread_id!r}) left {len(left)} key(s) behind, e.g. {left[:3]!r}"
+                    f"delete_thread({thread_id!r}) left {len(left)} key(s) behind, "
+                    f"e.g. {left[:3]!r}"
                 )
         if isinstance(backend, ThreadLister):
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from checkpoint_stores import (
@@ -81,22 +82,24 @@ class CorruptionChecks:
             thread, run, cp = await self._written(ctx, payload=None)
             await ctx.corrupt(thread, checkpoint_latest_key(run), mutate)
             await _raises_corruption(
-                ctx, lambda t=thread, r=run: ctx.store.latest(t, r), f"latest after {label}"
+                ctx, partial(ctx.store.latest, thread, run), f"latest after {label}"
             )
             record = checkpoint_key(run, cp.step, cp.phase.value)
             await ctx.corrupt(thread, record, mutate)
             await _raises_corruption(
                 ctx,
-                lambda t=thread, r=run: ctx.store.get_checkpoint(t, r, cp.step, cp.phase),
+                partial(ctx.store.get_checkpoint, thread, run, cp.step, cp.phase),
                 f"get_checkpoint after {label}",
             )
             await _raises_corruption(
-                ctx, lambda t=thread, r=run: ctx.store.history(t, r), f"history after {label}"
+                ctx, partial(ctx.store.history, thread, run), f"history after {label}"
             )
 
     @check("corruption.missing_latest_not_found")
     async def test_corruption_missing_latest_not_found(self, ctx: CheckContext) -> None:
-        """a run with no latest record raises CheckpointNotFoundError (an AgentCheckpointCorruptionError)"""
+        """a run with no latest record raises CheckpointNotFoundError (an
+        AgentCheckpointCorruptionError)
+        """
         thread, run = ctx.thread(), ctx.run_id()
         for label in ("an unknown run", "a deleted run"):
             try:
@@ -119,7 +122,9 @@ class CorruptionChecks:
 
     @check("corruption.invalid_json")
     async def test_corruption_invalid_json(self, ctx: CheckContext) -> None:
-        """a value that is not valid JSON (or not an envelope) raises AgentCheckpointCorruptionError"""
+        """a value that is not valid JSON (or not an envelope) raises
+        AgentCheckpointCorruptionError
+        """
         await self._check_damage(
             ctx,
             [
@@ -174,7 +179,9 @@ class CorruptionChecks:
 
     @check("corruption.missing_required_fields")
     async def test_corruption_missing_required_fields(self, ctx: CheckContext) -> None:
-        """a record missing a required field, or with one of the wrong type, raises an error naming the field"""
+        """a record missing a required field, or with one of the wrong type, raises an error naming
+        the field
+        """
         thread, run, cp = await self._written(ctx, payload=None)
         good = cp.to_record()
         cases: list[tuple[str, dict[str, Any], str]] = []
@@ -211,7 +218,9 @@ class CorruptionChecks:
                 lambda: ctx.store.latest(thread, run),
                 f"latest holding schema_version {version!r}",
             )
-        await ctx.corrupt(thread, checkpoint_latest_key(run), _json({**good, "schema_version": "7"}))
+        await ctx.corrupt(
+            thread, checkpoint_latest_key(run), _json({**good, "schema_version": "7"})
+        )
         try:
             await ctx.store.latest(thread, run)
         except AgentCheckpointCorruptionError as exc:
@@ -221,8 +230,12 @@ class CorruptionChecks:
             )
 
     @check("corruption.undeserializable_pending_llm_response")
-    async def test_corruption_undeserializable_pending_llm_response(self, ctx: CheckContext) -> None:
-        """a runtime snapshot whose pending_llm_response cannot be deserialized raises (no duplicate LLM call)"""
+    async def test_corruption_undeserializable_pending_llm_response(
+        self, ctx: CheckContext
+    ) -> None:
+        """a runtime snapshot whose pending_llm_response cannot be deserialized raises (no duplicate
+        LLM call)
+        """
         bad_responses: list[Any] = [
             "not an object",
             ["a", "list"],
@@ -247,13 +260,13 @@ class CorruptionChecks:
                 await ctx.corrupt(thread, key, _json(record))
             await _raises_corruption(
                 ctx,
-                lambda t=thread, r=run: ctx.store.runtime_snapshot(t, r),
+                partial(ctx.store.runtime_snapshot, thread, run),
                 f"runtime_snapshot with pending_llm_response={bad!r}",
                 field="pending_llm_response",
             )
             await _raises_corruption(
                 ctx,
-                lambda t=thread, r=run: ctx.store.latest(t, r),
+                partial(ctx.store.latest, thread, run),
                 f"latest with pending_llm_response={bad!r}",
             )
 
@@ -295,7 +308,8 @@ class CorruptionChecks:
         )
         ctx.expect(
             latest.payload == {"model": "afk-model", "custom": {"kept": True}},
-            f"a {label} record's payload came back as {latest.payload!r} (unknown keys must be kept)",
+            f"a {label} record's payload came back as {latest.payload!r} "
+            "(unknown keys must be kept)",
         )
         ctx.expect(
             len(history) == 1 and history[0].payload == latest.payload,

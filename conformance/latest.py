@@ -18,10 +18,12 @@ whole history, not only the end state:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+
 from checkpoint_stores import (
     AgentCheckpointCorruptionError,
     Checkpoint,
@@ -75,7 +77,8 @@ def commit_history_problems(attempts: Sequence[Attempt]) -> list[str]:
                     f"BACKWARDS: writer {first.writer} committed seq {first.seq} (returned at "
                     f"+{first.end - ordered[0].start:.4f}s); afterwards writer {later.writer}'s "
                     f"commit of lower seq {later.seq} (started at "
-                    f"+{later.start - ordered[0].start:.4f}s) was accepted too: latest went backwards"
+                    f"+{later.start - ordered[0].start:.4f}s) was accepted too: latest went "
+                    "backwards"
                 )
                 if len(problems) >= 8:
                     return problems
@@ -83,7 +86,7 @@ def commit_history_problems(attempts: Sequence[Attempt]) -> list[str]:
 
 
 def _monotonic_problems(seen: Sequence[int], who: str) -> list[str]:
-    for before, after in zip(seen, seen[1:]):
+    for before, after in itertools.pairwise(seen):
         if after < before:
             return [f"{who} read latest seq {before}, then later seq {after}: it went backwards"]
     return []
@@ -107,7 +110,9 @@ class LatestChecks:
 
     @check("latest.newest_append_is_latest")
     async def test_latest_newest_append_is_latest(self, ctx: CheckContext) -> None:
-        """latest returns the newest appended record of a run, after every append, and the chain is complete"""
+        """latest returns the newest appended record of a run, after every append, and the chain is
+        complete
+        """
         store, thread, run = ctx.store, ctx.thread(), ctx.run_id()
         for seq in range(1, 13):
             cp = Checkpoint(
@@ -122,7 +127,7 @@ class LatestChecks:
             latest = await store.latest(thread, run)
             ctx.expect(
                 latest.seq == seq and latest.payload.get("n") == seq and latest.phase == cp.phase,
-                lambda seq=seq, latest=latest: f"after appending seq {seq}, latest returned "
+                f"after appending seq {seq}, latest returned "
                 f"seq {latest.seq} ({latest.phase.value}, payload n={latest.payload.get('n')!r})",
             )
         history = await store.history(thread, run)
@@ -135,7 +140,9 @@ class LatestChecks:
 
     @check("latest.runs_and_threads_isolated")
     async def test_latest_runs_and_threads_isolated(self, ctx: CheckContext) -> None:
-        """runs and threads never see each other's records (same run id in two threads, prefix-related ids)"""
+        """runs and threads never see each other's records (same run id in two threads, prefix-
+        related ids)
+        """
         store = ctx.store
         base = ctx.thread("iso")
         threads = [base, ctx.track(base + ":"), ctx.track(base + "/x"), ctx.track(base + "x")]
@@ -190,7 +197,9 @@ class LatestChecks:
 
     @check("latest.stale_commit_changes_nothing")
     async def test_latest_stale_commit_changes_nothing(self, ctx: CheckContext) -> None:
-        """a commit whose seq is not above the head returns False and writes nothing: head, records and runtime key unchanged"""
+        """a commit whose seq is not above the head returns False and writes nothing: head, records
+        and runtime key unchanged
+        """
         store, backend, thread, run = ctx.store, ctx.backend, ctx.thread(), ctx.run_id()
         await store.append(
             Checkpoint(
@@ -226,7 +235,9 @@ class LatestChecks:
             ctx.expect(not moved, f"commit of stale seq {stale} (head is at 11) returned True")
             try:
                 await store.append(cp)
-                ctx.fail(f"append of stale seq {stale} (head is at 11) did not raise StaleWriterError")
+                ctx.fail(
+                    f"append of stale seq {stale} (head is at 11) did not raise StaleWriterError"
+                )
             except StaleWriterError:
                 pass
             after = {key: value async for key, value in backend.list(thread)}
@@ -282,7 +293,9 @@ class LatestChecks:
     async def _task_race(
         self, ctx: CheckContext, thread: str, run: str, *, same_seq: bool, base: int
     ) -> tuple[list[Attempt], list[str]]:
-        """Writers race in rounds while an observer polls latest; return attempts and observer problems."""
+        """Writers race in rounds while an observer polls latest; return attempts and observer
+        problems.
+        """
         store = ctx.store
         writers = range(self.race_tasks)
         attempts: list[Attempt] = []
@@ -317,7 +330,7 @@ class LatestChecks:
         try:
             for rnd in range(self.race_rounds):
                 if same_seq:
-                    plan = {w: base + rnd + 1 for w in writers}
+                    plan = dict.fromkeys(writers, base + rnd + 1)
                 else:
                     order = list(writers)
                     ctx.rng.shuffle(order)
@@ -358,7 +371,9 @@ class LatestChecks:
 
     @check("latest.concurrent_tasks_no_fork")
     async def test_latest_concurrent_tasks_no_fork(self, ctx: CheckContext) -> None:
-        """of many tasks committing the same seq at once, exactly one succeeds and latest holds its record (no forked chain)"""
+        """of many tasks committing the same seq at once, exactly one succeeds and latest holds its
+        record (no forked chain)
+        """
         thread, run = ctx.thread(), ctx.run_id()
         attempts, problems = await self._task_race(ctx, thread, run, same_seq=True, base=0)
         for rnd in range(1, self.race_rounds + 1):
@@ -368,21 +383,27 @@ class LatestChecks:
         problems += await self._final_state_problems(ctx.store, thread, run, attempts)
         ctx.expect(
             not problems,
-            lambda: "\n".join(problems[:8])
-            + f"\n({self.race_tasks} tasks x {self.race_rounds} rounds, same seq per round)",
+            lambda: (
+                "\n".join(problems[:8])
+                + f"\n({self.race_tasks} tasks x {self.race_rounds} rounds, same seq per round)"
+            ),
         )
 
     @check("latest.concurrent_tasks_highest_wins")
     async def test_latest_concurrent_tasks_highest_wins(self, ctx: CheckContext) -> None:
-        """concurrent commits of different seqs leave latest at the highest seq; it never goes backwards and always decodes"""
+        """concurrent commits of different seqs leave latest at the highest seq; it never goes
+        backwards and always decodes
+        """
         thread, run = ctx.thread(), ctx.run_id()
         attempts, problems = await self._task_race(ctx, thread, run, same_seq=False, base=0)
         problems = commit_history_problems(attempts) + problems
         problems += await self._final_state_problems(ctx.store, thread, run, attempts)
         ctx.expect(
             not problems,
-            lambda: "\n".join(problems[:8])
-            + f"\n({self.race_tasks} tasks x {self.race_rounds} rounds, shuffled seqs)",
+            lambda: (
+                "\n".join(problems[:8])
+                + f"\n({self.race_tasks} tasks x {self.race_rounds} rounds, shuffled seqs)"
+            ),
         )
 
     @check("latest.concurrent_losers_write_nothing", needs=("fenced_commit",))
@@ -399,8 +420,10 @@ class LatestChecks:
                 leaked.append(attempt.seq)
         ctx.expect(
             not leaked,
-            lambda: f"commits of seqs {sorted(leaked)[:10]} returned False (they lost the race) "
-            "but their records were written anyway",
+            lambda: (
+                f"commits of seqs {sorted(leaked)[:10]} returned False (they lost the race) "
+                "but their records were written anyway"
+            ),
         )
         same_run = ctx.run_id()
         attempts, _ = await self._task_race(ctx, thread, same_run, same_seq=True, base=0)
@@ -418,7 +441,9 @@ class LatestChecks:
 
     @check("latest.concurrent_processes_no_fork", needs=("cross_process",))
     async def test_latest_concurrent_processes_no_fork(self, ctx: CheckContext) -> None:
-        """writers in several OS processes: each seq accepted at most once, latest never goes backwards and ends at the highest seq"""
+        """writers in several OS processes: each seq accepted at most once, latest never goes
+        backwards and ends at the highest seq
+        """
         thread, run = ctx.thread(), ctx.run_id()
         procs, rounds = self.race_processes, max(self.race_rounds, 6)
         specs = []
@@ -448,7 +473,8 @@ class LatestChecks:
                 if ok and seen_seq < seq:
                     problems.append(
                         f"process {w} committed seq {seq} successfully, then read latest seq "
-                        f"{seen_seq}: its own write is not visible or was overwritten by a lower seq"
+                        f"{seen_seq}: its own write is not visible or was overwritten by a "
+                        "lower seq"
                     )
             problems += _monotonic_problems(seen, f"process {w}")
         for seq in range(1, rounds + 1):
@@ -458,8 +484,10 @@ class LatestChecks:
         problems += await self._final_state_problems(ctx.store, thread, run, attempts)
         ctx.expect(
             not problems,
-            lambda: "\n".join(problems[:8])
-            + f"\n({procs} processes x {2 * rounds} commits: same seq, then interleaved seqs)",
+            lambda: (
+                "\n".join(problems[:8])
+                + f"\n({procs} processes x {2 * rounds} commits: same seq, then interleaved seqs)"
+            ),
         )
 
     async def _kill_writers(
@@ -492,7 +520,9 @@ class LatestChecks:
 
     @check("latest.killed_writer_head_names_existing_record", needs=("cross_process",))
     async def test_latest_killed_writer_head_names_existing_record(self, ctx: CheckContext) -> None:
-        """after a writer process is killed mid-commit, latest decodes and names a record that exists"""
+        """after a writer process is killed mid-commit, latest decodes and names a record that
+        exists
+        """
         store, thread, run = ctx.store, ctx.thread(), ctx.run_id()
 
         async def verify(latest: Checkpoint) -> None:
@@ -511,9 +541,7 @@ class LatestChecks:
 
         await self._kill_writers(ctx, thread, run, verify)
 
-    @check(
-        "latest.killed_writer_commit_all_or_nothing", needs=("cross_process", "atomic_commit")
-    )
+    @check("latest.killed_writer_commit_all_or_nothing", needs=("cross_process", "atomic_commit"))
     async def test_latest_killed_writer_commit_all_or_nothing(self, ctx: CheckContext) -> None:
         """with atomic_commit, a writer killed mid-commit leaves no record above the head's seq"""
         store, thread, run = ctx.store, ctx.thread(), ctx.run_id()
@@ -532,7 +560,9 @@ class LatestChecks:
 
     @check("latest.runtime_key_o1_current")
     async def test_latest_runtime_key_o1_current(self, ctx: CheckContext) -> None:
-        """latest and runtime_snapshot read exactly one key each, however long the chain, and return the newest records"""
+        """latest and runtime_snapshot read exactly one key each, however long the chain, and return
+        the newest records
+        """
         recording = RecordingBackend(ctx.backend)
         store = MemoryStore(recording)
         await store.setup()

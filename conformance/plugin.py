@@ -116,7 +116,9 @@ class _SuiteModule(pytest.Module):
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+def pytest_pycollect_makemodule(
+    module_path: Path, parent: pytest.Collector
+) -> pytest.Module | None:
     if module_path.resolve() == SUITE_PATH:
         return _SuiteModule.from_parent(parent, path=module_path)
     return None

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from checkpoint_stores import (
@@ -91,7 +92,9 @@ class ReplayChecks:
 
     @check("replay.replay_returns_stored_output")
     async def test_replay_replay_returns_stored_output(self, ctx: CheckContext) -> None:
-        """a resumed run (new process, reopened store) replays the stored output without executing"""
+        """a resumed run (new process, reopened store) replays the stored output without
+        executing
+        """
         thread, run = ctx.thread(), ctx.run_id()
         first = _CountingTool(output={"receipt": "first"})
         outcome = await EffectLedger(ctx.store, thread, run).execute(
@@ -119,7 +122,9 @@ class ReplayChecks:
 
     @check("replay.different_input_conflicts")
     async def test_replay_different_input_conflicts(self, ctx: CheckContext) -> None:
-        """replaying a tool call with different input raises EffectConflictError and changes nothing"""
+        """replaying a tool call with different input raises EffectConflictError and changes
+        nothing
+        """
         thread, run = ctx.thread(), ctx.run_id()
         tool = _CountingTool()
         ledger = EffectLedger(ctx.store, thread, run)
@@ -127,7 +132,9 @@ class ReplayChecks:
         before = await ctx.backend.get(thread, effect_key(run, 4, "call-2"))
         for tool_name, args in (("charge", {"amount": 11}), ("refund", {"amount": 10})):
             try:
-                await EffectLedger(ctx.store, thread, run).execute(4, "call-2", tool_name, args, tool)
+                await EffectLedger(ctx.store, thread, run).execute(
+                    4, "call-2", tool_name, args, tool
+                )
             except EffectConflictError:
                 pass
             else:
@@ -138,7 +145,9 @@ class ReplayChecks:
 
     @check("replay.concurrent_executors_one_executes")
     async def test_replay_concurrent_executors_one_executes(self, ctx: CheckContext) -> None:
-        """of many concurrent executors of one effect (separate ledgers), exactly one executes; all get its output"""
+        """of many concurrent executors of one effect (separate ledgers), exactly one executes; all
+        get its output
+        """
         thread, run = ctx.thread(), ctx.run_id()
         for step in range(3):
             tool = _CountingTool(delay=0.01)
@@ -194,8 +203,8 @@ class ReplayChecks:
                 for w in range(self.effect_processes)
             ]
             results = await run_workers(specs)
-            with open(witness, encoding="utf-8") as handle:
-                lines = handle.read().split()
+            text = await asyncio.to_thread(Path(witness).read_text, encoding="utf-8")
+            lines = text.split()
         runs = Counter(int(step) for step in lines[0::2])
         problems = [
             f"step {step}: the tool ran {runs.get(step, 0)} time(s) across processes"
@@ -210,7 +219,9 @@ class ReplayChecks:
 
     @check("replay.intent_without_result_in_doubt")
     async def test_replay_intent_without_result_in_doubt(self, ctx: CheckContext) -> None:
-        """an effect whose executor died mid-tool is reported in doubt, not silently re-run or skipped"""
+        """an effect whose executor died mid-tool is reported in doubt, not silently re-run or
+        skipped
+        """
         thread, run = ctx.thread(), ctx.run_id()
         tool = _CountingTool()
         tool.release = asyncio.Event()  # never set: the executor "dies" inside the tool
@@ -258,7 +269,9 @@ class ReplayChecks:
 
     @check("replay.tampered_output_detected")
     async def test_replay_tampered_output_detected(self, ctx: CheckContext) -> None:
-        """a stored effect output that no longer matches its hash raises EffectIntegrityError on replay"""
+        """a stored effect output that no longer matches its hash raises EffectIntegrityError on
+        replay
+        """
         thread, run = ctx.thread(), ctx.run_id()
         ledger = EffectLedger(ctx.store, thread, run)
         await ledger.execute(3, "call-3", "charge", {"amount": 5}, _CountingTool(output={"ok": 1}))

@@ -118,7 +118,8 @@ class StoreResults:
         results = list(self.checks.values())
         failed = [r.name for r in results if r.outcome == "failed"]
         if failed:
-            return f"non-conformant (broken: {', '.join(failed[:6])}{'...' if len(failed) > 6 else ''})"
+            more = "..." if len(failed) > 6 else ""
+            return f"non-conformant (broken: {', '.join(failed[:6])}{more})"
         other_skips = [r for r in results if r.outcome == "skipped" and not r.capability]
         ran_groups = {r.group for r in results}
         notes = []
@@ -184,9 +185,7 @@ class ConformanceResults:
                 lines.append(f"  capabilities: {desc.capability_line()}")
             else:
                 lines.append(f"store: {results.key}")
-            lines.append(
-                f"  {'group':<12}{'passed':>8}{'failed':>8}{'skipped':>9}{'xfailed':>9}"
-            )
+            lines.append(f"  {'group':<12}{'passed':>8}{'failed':>8}{'skipped':>9}{'xfailed':>9}")
             for group, counts in results.counts().items():
                 if not sum(counts.values()):
                     continue

@@ -90,7 +90,9 @@ class SpiChecks:
 
     @check("spi.empty_value")
     async def test_spi_empty_value(self, ctx: CheckContext) -> None:
-        """an empty value is stored and returned as b'' (not None) by get, get_many, list, create and commit"""
+        """an empty value is stored and returned as b'' (not None) by get, get_many, list, create
+        and commit
+        """
         backend, thread = ctx.backend, ctx.thread()
         await backend.put(thread, "empty", b"")
         ctx.expect(await backend.get(thread, "empty") == b"", "get of an empty value is not b''")
@@ -141,7 +143,9 @@ class SpiChecks:
 
     @check("spi.create_race_processes", needs=("cross_process",))
     async def test_spi_create_race_processes(self, ctx: CheckContext) -> None:
-        """of several OS processes creating the same keys at the same instants, exactly one wins each"""
+        """of several OS processes creating the same keys at the same instants, exactly one wins
+        each
+        """
         from checkpoint_stores.conformance.processes import run_workers
 
         thread = ctx.thread()
@@ -166,7 +170,9 @@ class SpiChecks:
 
     @check("spi.commit_semantics")
     async def test_spi_commit_semantics(self, ctx: CheckContext) -> None:
-        """commit moves the head only above its stored seq, stores every write with it, and says whether it moved"""
+        """commit moves the head only above its stored seq, stores every write with it, and says
+        whether it moved
+        """
         backend, thread = ctx.backend, ctx.thread()
         await backend.put(thread, "w2", b"old")
         steps: list[tuple[int, bool, list[tuple[str, bytes]]]] = [
@@ -190,9 +196,7 @@ class SpiChecks:
             if moved:
                 head_value = value
             stored = await backend.get(thread, "head")
-            ctx.expect(
-                stored == head_value, f"after commit(seq={seq}) the head holds {stored!r}"
-            )
+            ctx.expect(stored == head_value, f"after commit(seq={seq}) the head holds {stored!r}")
         got = await backend.get_many(thread, ["w1", "w2", "w3", "w4", "w5"])
         want_values = [b"one again", b"two", b"three", None, b"epoch 2"]
         ctx.expect(got == want_values, f"commit writes read back as {got!r}, want {want_values!r}")
@@ -242,8 +246,9 @@ class SpiChecks:
         got = await _keys(backend, many)
         ctx.expect(
             got == keys,
-            lambda: f"list of {len(keys)} keys returned {len(got)}: {_diff(got, keys)} "
-            "(pagination?)",
+            lambda: (
+                f"list of {len(keys)} keys returned {len(got)}: {_diff(got, keys)} (pagination?)"
+            ),
         )
         got = await _keys(backend, many, "k0100")
         want = [k for k in keys if k.startswith("k0100")]
@@ -251,7 +256,9 @@ class SpiChecks:
 
     @check("spi.list_prefix_exact")
     async def test_spi_list_prefix_exact(self, ctx: CheckContext) -> None:
-        """list(prefix) yields exactly the keys starting with prefix: %, _, *, ?, [, \\, :, {} are literal"""
+        """list(prefix) yields exactly the keys starting with prefix: %, _, *, ?, [, \\, :, {} are
+        literal
+        """
         backend, thread = ctx.backend, ctx.thread()
         all_keys = sorted({k for _, inside, outside in PREFIX_TRAPS for k in (*inside, *outside)})
         await _put_all(backend, thread, [(k, k.encode("utf-8")) for k in all_keys])
@@ -267,7 +274,9 @@ class SpiChecks:
 
     @check("spi.hostile_ids_roundtrip")
     async def test_spi_hostile_ids_roundtrip(self, ctx: CheckContext) -> None:
-        """hostile thread ids and keys (../, NUL, {, }, *, %, astral, RTL, ...) round-trip unchanged"""
+        """hostile thread ids and keys (../, NUL, {, }, *, %, astral, RTL, ...) round-trip
+        unchanged
+        """
         backend = ctx.backend
         thread = ctx.thread()
         items = [(k, f"value of {k!r}".encode()) for k in HOSTILE_IDS]
@@ -276,7 +285,7 @@ class SpiChecks:
         want = sorted(HOSTILE_IDS)
         ctx.expect(got == want, lambda: f"list of hostile keys: {_diff(got, want)}")
         values = await backend.get_many(thread, [k for k, _ in items])
-        wrong = [k for (k, v), got_v in zip(items, values) if got_v != v]
+        wrong = [k for (k, v), got_v in zip(items, values, strict=True) if got_v != v]
         ctx.expect(not wrong, f"hostile keys read back wrong values: {wrong[:5]!r}")
         threads = [ctx.track(ctx.ns + h) for h in HOSTILE_IDS]
         threads += [ctx.track(h + ctx.ns) for h in ("../", "{", "\x00", "%", "*")]
@@ -292,7 +301,9 @@ class SpiChecks:
 
     @check("spi.near_identical_ids_distinct")
     async def test_spi_near_identical_ids_distinct(self, ctx: CheckContext) -> None:
-        """ids that differ only by case, padding, NUL, Unicode normalization or width never collide"""
+        """ids that differ only by case, padding, NUL, Unicode normalization or width never
+        collide
+        """
         backend, thread = ctx.backend, ctx.thread()
         await _put_all(backend, thread, [(k, k.encode("utf-8")) for k in NEAR_IDENTICAL_IDS])
         got = await _keys(backend, thread)
@@ -309,7 +320,9 @@ class SpiChecks:
 
     @check("spi.long_ids_roundtrip")
     async def test_spi_long_ids_roundtrip(self, ctx: CheckContext) -> None:
-        """thread ids and keys of exactly max_key_bytes round-trip and stay distinct to their last character"""
+        """thread ids and keys of exactly max_key_bytes round-trip and stay distinct to their last
+        character
+        """
         backend = ctx.backend
         limit = ctx.capabilities.max_key_bytes
         room = limit - len(ctx.ns.encode())
@@ -322,8 +335,10 @@ class SpiChecks:
         got = await _keys(backend, thread)
         ctx.expect(
             got == sorted(keys),
-            lambda: f"{len(keys)} keys of {limit} bytes listed as {len(got)} keys "
-            f"(lengths {[len(k.encode()) for k in got]}): truncated or hashed lossily?",
+            lambda: (
+                f"{len(keys)} keys of {limit} bytes listed as {len(got)} keys "
+                f"(lengths {[len(k.encode()) for k in got]}): truncated or hashed lossily?"
+            ),
         )
         values = await backend.get_many(thread, keys)
         ctx.expect(
@@ -341,7 +356,9 @@ class SpiChecks:
 
     @check("spi.large_values")
     async def test_spi_large_values(self, ctx: CheckContext) -> None:
-        """values up to the declared maximum (8 MiB tested by default) round-trip through put, create, commit, get_many and list"""
+        """values up to the declared maximum (8 MiB tested by default) round-trip through put,
+        create, commit, get_many and list
+        """
         backend, thread = ctx.backend, ctx.thread()
         declared = ctx.capabilities.max_value_bytes
         size = self.large_value_bytes if declared is None else min(declared, self.large_value_bytes)
@@ -354,7 +371,7 @@ class SpiChecks:
         )
         keys = ["put", "create", "write", "head"]
         got = await backend.get_many(thread, keys)
-        for key, want, value in zip(keys, values, got):
+        for key, want, value in zip(keys, values, got, strict=True):
             ctx.expect(
                 value == want,
                 f"a {size}-byte value stored by {key} came back as "
@@ -362,7 +379,7 @@ class SpiChecks:
             )
         listed = dict([item async for item in backend.list(thread)])
         ctx.expect(
-            all(listed.get(k) == v for k, v in zip(keys, values)),
+            all(listed.get(k) == v for k, v in zip(keys, values, strict=True)),
             f"list returned the {size}-byte values changed or incomplete",
         )
 
@@ -403,19 +420,22 @@ class SpiChecks:
             )
             ctx.expect(
                 got == remaining,
-                lambda prefix=prefix, got=got: f"after delete_prefix({prefix!r}): "
-                f"{_diff(got, remaining)}",
+                f"after delete_prefix({prefix!r}): {_diff(got, remaining)}",
             )
         count = await backend.delete_prefix(thread, "no-such-prefix")
         ctx.expect(count == 0, f"delete_prefix of a prefix nothing starts with returned {count}")
         count = await backend.delete_thread(thread)
-        ctx.expect(count == len(remaining), f"delete_thread returned {count}, {len(remaining)} keys")
+        ctx.expect(
+            count == len(remaining), f"delete_thread returned {count}, {len(remaining)} keys"
+        )
         ctx.expect(await _keys(backend, thread) == [], "delete_thread left keys")
         ctx.expect(
             await backend.get(other, "p%") == b"other thread",
             "delete_prefix or delete_thread removed a key of another thread",
         )
-        ctx.expect(await backend.delete_thread(thread) == 0, "delete_thread of an empty thread != 0")
+        ctx.expect(
+            await backend.delete_thread(thread) == 0, "delete_thread of an empty thread != 0"
+        )
         unused = ctx.thread()
         ctx.expect(await backend.delete(unused, "k") is False, "delete in an unused thread: True")
         ctx.expect(await backend.delete_prefix(unused, "") == 0, "delete_prefix in unused thread")

@@ -69,7 +69,9 @@ class StatefulChecks:
                 return self.model[self.threads[t]]
 
             def _same(self, call: str, got: Any, want: Any) -> None:
-                ctx.expect(got == want, f"{call} returned {got!r:.300}, the model says {want!r:.300}")
+                ctx.expect(
+                    got == want, f"{call} returned {got!r:.300}, the model says {want!r:.300}"
+                )
 
             @rule(t=thread_no, key=keys, value=values)
             def put(self, t: int, key: str, value: bytes) -> None:
@@ -95,7 +97,9 @@ class StatefulChecks:
             def commit(
                 self, t: int, head: str, writes: dict[str, bytes], value: bytes, seq: int
             ) -> None:
-                got = ctx.run(backend.commit(self.threads[t], list(writes.items()), head, value, seq))
+                got = ctx.run(
+                    backend.commit(self.threads[t], list(writes.items()), head, value, seq)
+                )
                 rows = self._rows(t)
                 current = rows.get(head)
                 want = current is None or current[1] is None or current[1] < seq

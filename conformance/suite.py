@@ -16,7 +16,7 @@ __all__ = ["TestStoreConformance"]
 
 
 class TestStoreConformance(StoreConformance):
-    """The kit against each store named by ``--checkpoint-store-url`` or ``CHECKPOINT_STORES_TEST_URL``."""
+    """The kit against each store of ``--checkpoint-store-url`` / ``CHECKPOINT_STORES_TEST_URL``."""
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -91,7 +91,9 @@ def _pytest_args(
 @click.option(
     "--json", "json_path", metavar="FILE", help="Write the results (per check) as JSON to FILE."
 )
-@click.option("-k", "keyword", metavar="EXPR", help="Only checks matching this pytest -k expression.")
+@click.option(
+    "-k", "keyword", metavar="EXPR", help="Only checks matching this pytest -k expression."
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show each check and failure tracebacks.")
 @option_flag
 def conformance(

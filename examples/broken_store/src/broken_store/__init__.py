@@ -17,9 +17,7 @@ class _Plugin:
             ("broken-create", "BrokenCreateBackend"),
             ("broken-seq", "BrokenSeqBackend"),
         ):
-            registry.add(
-                scheme, f"broken_store.backends:{cls}", description="deliberately broken"
-            )
+            registry.add(scheme, f"broken_store.backends:{cls}", description="deliberately broken")
 
 
 plugin = _Plugin()

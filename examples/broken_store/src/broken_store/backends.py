@@ -1,4 +1,4 @@
-"""One correct in-process store that behaves like a networked one, and four variants with one bug each.
+"""A correct in-process store that acts like a networked one, and four variants with one bug each.
 
 :class:`RoundTripBackend` awaits once per call, as a network client does, so
 concurrent tasks really interleave; each call is still atomic on its own.

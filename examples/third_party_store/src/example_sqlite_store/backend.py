@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -123,10 +124,10 @@ class SqliteBackend:
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailableError(f"cannot open {redact_url(self.url)}: {exc}") from exc
         with self._lock:
-            if self._db is None:
-                self._db = db
-            else:
-                db.close()
+            # Two setup() calls may race: the first connection stays, the other is closed.
+            self._db = self._db or db
+        if self._db is not db:
+            db.close()
 
     async def close(self) -> None:
         """Close the connection."""
@@ -233,22 +234,28 @@ class SqliteBackend:
         thread = _b(thread_id)
         after: bytes | None = None
         while True:
-            last = after
-
-            def page(db: sqlite3.Connection) -> builtins.list[tuple[bytes, bytes]]:
-                extra, args = ("", []) if last is None else (" AND key > ?", [last])
-                return db.execute(
-                    f"SELECT key, value FROM kv WHERE thread = ? AND {condition}{extra} "
-                    f"ORDER BY key LIMIT {_PAGE}",
-                    [thread, *params, *args],
-                ).fetchall()
-
-            rows = await self._call(page)
+            rows = await self._call(functools.partial(self._page, thread, condition, params, after))
             for key, value in rows:
                 yield bytes(key).decode("utf-8"), bytes(value)
             if len(rows) < _PAGE:
                 return
             after = bytes(rows[-1][0])
+
+    @staticmethod
+    def _page(
+        thread: bytes,
+        condition: str,
+        params: builtins.list[bytes],
+        after: bytes | None,
+        db: sqlite3.Connection,
+    ) -> builtins.list[tuple[bytes, bytes]]:
+        extra, args = ("", []) if after is None else (" AND key > ?", [after])
+        rows: builtins.list[tuple[bytes, bytes]] = db.execute(
+            f"SELECT key, value FROM kv WHERE thread = ? AND {condition}{extra} "
+            f"ORDER BY key LIMIT {_PAGE}",
+            [thread, *params, *args],
+        ).fetchall()
+        return rows
 
     async def list_threads(self, prefix: str = "") -> AsyncIterator[str]:
         """Distinct thread ids starting with ``prefix``, sorted."""
