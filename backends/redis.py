@@ -804,6 +804,13 @@ class RedisBackend:
         result, failures = await self._eval("commit", "commit", keys, args)
         if result == 2 or failures:
             await self._register(thread_id)
+        if result == 0 and failures:
+            # A failed attempt may have landed before the connection broke: the head
+            # at our seq with our bytes means that attempt was ours.
+            client = self._connect()
+            stored = await self._run("commit", lambda: client.hget(names.seqs_key, head))
+            if stored == args[0].encode() and await self.get(thread_id, head_key) == args[3]:
+                return True
         return result != 0
 
     async def list(self, thread_id: str, prefix: str = "") -> AsyncIterator[tuple[str, bytes]]:

@@ -392,12 +392,20 @@ async def test_resent_write_after_a_lost_reply_reports_the_truth(
     assert not await backend.create(other, "intent", b"mine")  # someone else's: still False
     assert await backend.get(other, "intent") == b"theirs"
 
-    store = MemoryStore(backend)
+    lose["commit"] = 1
+    assert await backend.commit(thread_id, [("rec", b"1")], "head", b"1", 1)  # ours, landed
+    assert await backend.get(thread_id, "head") == b"1"
+    await backend.commit(other, [], "head", b"newer", 9)
+    lose["commit"] = 1
+    assert not await backend.commit(other, [], "head", b"1", 5)  # a newer head: still False
+    assert await backend.get(other, "head") == b"newer"
+
+    store = MemoryStore(backend)  # and through the facade
     lose["commit"] = 1
     await store.append(
-        Checkpoint(run_id="r", thread_id=thread_id, seq=1, phase=Phase.RUN_STARTED, payload={})
+        Checkpoint(run_id="r", thread_id=thread_id, seq=2, phase=Phase.RUN_STARTED, payload={})
     )
-    assert (await store.latest(thread_id, "r")).seq == 1  # resend said False, facade confirmed
+    assert (await store.latest(thread_id, "r")).seq == 2
     await backend.delete_thread(thread_id)
     await backend.delete_thread(other)
 
