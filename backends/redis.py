@@ -45,8 +45,9 @@ recreated the thread is never lost from the registry.
 Errors: connection refused, reset, timeouts and cluster failovers are retried
 with exponential backoff and jitter (``retries``, ``retry_backoff``), then
 raise :class:`~checkpoint_stores.errors.StoreUnavailableError` with the URL
-redacted. A resent ``commit`` whose first attempt landed returns ``False``, and
-the facade's idempotency check (same bytes under the head) reports success.
+redacted. A reply lost after the server applied a script is resent; a
+``commit`` or ``create`` whose resend finds its own first attempt in place (the
+head at our seq with our bytes; the key holding our bytes) reports success.
 """
 
 from __future__ import annotations
