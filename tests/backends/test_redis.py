@@ -23,9 +23,9 @@ from redis.crc import key_slot
 
 from checkpoint_stores import MemoryStore, open_backend, open_store
 from checkpoint_stores.backends.redis import MAX_KEY_BYTES, RedisBackend
-from checkpoint_stores.errors import AgentCheckpointCorruptionError
+from checkpoint_stores.errors import AgentCheckpointCorruptionError, StoreUnavailableError
 from checkpoint_stores.schema import Checkpoint, Phase
-from tests.support import ServerInfo, child_process
+from tests.support import ServerInfo, child_process, free_port, wait_port
 
 pytestmark = pytest.mark.redis
 
@@ -546,3 +546,91 @@ async def test_unix_socket_url(unix_redis: Path) -> None:
     client = redis.Redis(unix_socket_path=str(unix_redis), db=1)
     assert client.exists(b"u:{dA}:v:k") == 1  # db and prefix taken from the URL and options
     client.close()
+
+
+# -- TLS --------------------------------------------------------------------------------
+
+
+def _write_tls_files(root: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 (PEM files)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "checkpoint-stores test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = root / "ca.pem", root / "server.pem", root / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    """A private redis-server that speaks TLS only, with a throwaway CA."""
+    root = tmp_path_factory.mktemp("redis-tls")
+    ca, cert, key = _write_tls_files(root)
+    port = free_port()
+    args = ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+            "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+            "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",
+            "--save", "", "--appendonly", "no", "--dir", str(root)]  # fmt: skip
+    with child_process(args, log=root / "log"):
+        wait_port("127.0.0.1", port, timeout=20)
+        yield port, ca
+
+
+async def test_rediss_url_with_the_servers_ca(tls_redis: tuple[int, Path]) -> None:
+    port, ca = tls_redis
+    async with open_store(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}") as store:
+        await store.put_state("t", "k", {"tls": True})
+        assert await store.get_state("t", "k") == {"tls": True}
+    async with open_store(f"rediss://127.0.0.1:{port}/0", ssl_ca_certs=str(ca)) as store:
+        assert await store.get_state("t", "k") == {"tls": True}
+        await store.delete_thread("t")
+
+
+async def test_rediss_with_an_unknown_ca_fails_clearly(tls_redis: tuple[int, Path]) -> None:
+    port, _ = tls_redis
+    store = open_store(f"rediss://127.0.0.1:{port}/0", retries=0)
+    with pytest.raises(StoreUnavailableError, match=r"(?i)certificate"):
+        await store.setup()
+    await store.close()
