@@ -397,7 +397,13 @@ _TRANSIENT: Final = (
     rexc.RedisClusterException,
     OSError,
 )
-_FATAL_AUTH: Final = (rexc.AuthenticationError, rexc.AuthorizationError, rexc.NoPermissionError)
+# Not worth retrying: wrong credentials or missing ACL rights (AuthorizationError
+# is missing from older redis-py releases, hence the lookup).
+_FATAL_AUTH: Final[tuple[type[Exception], ...]] = tuple(
+    getattr(rexc, name)
+    for name in ("AuthenticationError", "AuthorizationError", "NoPermissionError")
+    if hasattr(rexc, name)
+)
 
 
 class RedisBackend:

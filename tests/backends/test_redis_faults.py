@@ -284,3 +284,16 @@ async def test_cluster_master_that_stops_answering_fails_clearly_then_recovers(
     assert await backend.delete_thread(on_frozen) == 1
     assert await backend.delete_thread(on_other) == 1
     await backend.close()
+
+
+async def test_wrong_credentials_fail_at_once_with_a_hint(
+    proxy: FaultProxy, redis_server: ServerInfo
+) -> None:
+    url = f"redis://someone:{PASSWORD}@127.0.0.1:{proxy.port}/0"
+    backend = open_backend(url, **{**redis_server.options, "retries": 5})
+    with pytest.raises(StoreUnavailableError, match="password") as info:
+        await backend.setup()
+    assert proxy.connections_accepted == 1  # refused credentials are not retried
+    assert redact_url(url) in str(info.value)
+    assert_no_secret(info.value)
+    await backend.close()
