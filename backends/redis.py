@@ -85,7 +85,11 @@ DEFAULT_PREFIX: Final = "cs:"
 # server's 512 MiB proto-max-bulk-len and 1 GiB client query buffer.
 MAX_VALUE_BYTES: Final = 64 * 1024 * 1024
 MAX_KEY_BYTES: Final = 64 * 1024
-_PAGE: Final = 256  # keys per list page (values are fetched per page with MGET)
+# A list page reads this many index entries, then their values with one MGET; the
+# page starts small and adapts so that one reply carries about _PAGE_BYTES.
+_PAGE: Final = 256
+_FIRST_PAGE: Final = 32
+_PAGE_BYTES: Final = 16 * 1024 * 1024
 _THREAD_PAGE: Final = 500
 
 # -- Lua ------------------------------------------------------------------------------
@@ -825,13 +829,14 @@ class RedisBackend:
         client = self._connect()
         names = self.key_names(thread_id)
         low, high = _lex_range(prefix)
+        page = _FIRST_PAGE
         while True:
             members = cast(
                 "builtins.list[bytes]",
                 await self._run(
                     "list",
                     functools.partial(
-                        client.zrangebylex, names.index_key, low, high, start=0, num=_PAGE
+                        client.zrangebylex, names.index_key, low, high, start=0, num=page
                     ),
                 ),
             )
@@ -853,9 +858,13 @@ class RedisBackend:
             for member, value in zip(members, values, strict=True):
                 if value is not None:
                     yield self._decode(member, f"the index of thread {thread_id!r}"), value
-            if len(members) < _PAGE:
+            if len(members) < page:
                 return
             low = b"(" + members[-1]
+            # Small values: grow the page (fewer round trips); large ones: shrink it,
+            # so one MGET reply stays near _PAGE_BYTES.
+            size = sum(len(v) for v in values if v is not None)
+            page = max(1, min(_PAGE, page * 2, page * _PAGE_BYTES // max(size, 1)))
 
     def _decode(self, member: bytes, where: str) -> str:
         try:

@@ -239,6 +239,18 @@ async def test_list_is_sorted_prefix_exact_and_pages(backend: RedisBackend) -> N
     await backend.delete_thread(thread_id)
 
 
+async def test_list_of_large_values_is_complete_and_ordered(backend: RedisBackend) -> None:
+    """Pages shrink for large values (bounded replies) without losing or repeating keys."""
+    thread_id = tid("listbig")
+    values = {f"k{i:03d}": bytes([i]) * (1024 * 1024) for i in range(70)}
+    for key, value in values.items():
+        await backend.put(thread_id, key, value)
+    listed = [kv async for kv in backend.list(thread_id)]
+    assert [k for k, _ in listed] == sorted(values)
+    assert all(v == values[k] for k, v in listed)
+    assert await backend.delete_thread(thread_id) == 70
+
+
 async def test_list_skips_and_prunes_entries_whose_value_vanished(
     backend: RedisBackend, raw: Any
 ) -> None:
