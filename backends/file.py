@@ -541,7 +541,9 @@ class FileBackend:
         directory = self._thread_dir(thread_id, create=False)
         if directory is None:
             return 0
-        count = len(self._entries(directory, ""))
+        # Count by name, reading nothing: a damaged file must not block deleting its thread.
+        with os.scandir(directory) as entries:
+            count = sum(1 for e in entries if e.name.startswith(("k", "h")))
         trash = self.root / f"{_TMP}trash-{secrets.token_hex(8)}"
         try:
             os.rename(directory, trash)

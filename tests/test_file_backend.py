@@ -445,6 +445,22 @@ async def test_damaged_head_blocks_appends_until_the_run_is_deleted(tmp_store_di
         assert (await store.latest("thread-1", "run-1")).seq == 1
 
 
+async def test_damaged_files_do_not_block_deleting_their_thread(tmp_store_dir: Path) -> None:
+    async with open_store(url_of(tmp_store_dir)) as store:
+        long_key = "k" * 300  # stored under a hashed name: its key lives inside the file
+        await store.put_state("t", long_key, 1)
+        await store.put_state("t", "short", 2)
+        directory = file_of(tmp_store_dir, "t", "short").parent
+        for path in directory.iterdir():
+            if path.is_file() and not path.name.startswith("."):
+                path.write_bytes(b"\x00" * 5)
+        with pytest.raises(AgentCheckpointCorruptionError):
+            await store.list_state("t")
+        assert await store.delete_state("t", "short") is True
+        assert await store.delete_thread("t") == 1
+        assert await store.list_state("t") == {}
+
+
 async def test_foreign_files_in_a_thread_directory_are_not_read_as_keys(
     tmp_store_dir: Path,
 ) -> None:
