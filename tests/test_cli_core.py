@@ -156,6 +156,21 @@ def test_inspect_chain_with_damage_and_a_missing_latest_record(store_url: str) -
     assert "checkpoint:fenced:2:pre_llm" in table.stdout
 
 
+def test_inspect_chain_with_an_unreadable_latest_shows_the_chain_then_fails(
+    store_url: str,
+) -> None:
+    result = run("inspect", store_url, "-t", T, "-r", "damaged")
+    assert result.exit_code == 1
+    assert "run_started" in result.stdout  # the records that still read are shown
+    assert "latest: unreadable" in result.stdout
+    assert "AgentCheckpointCorruptionError" in result.stderr
+    assert "invalid JSON" in result.stderr
+    as_json = run("inspect", store_url, "-t", T, "-r", "damaged", "--json")
+    assert as_json.exit_code == 1
+    rows = json.loads(as_json.stdout)
+    assert [(r["phase"], r["latest"]) for r in rows] == [("run_started", False)]
+
+
 def test_inspect_unknown_run_is_an_error(store_url: str) -> None:
     result = run("inspect", store_url, "-t", T, "-r", "nope")
     assert result.exit_code == 1

@@ -17,9 +17,10 @@ from checkpoint_stores.cli._common import (
     run_async,
     with_store,
 )
-from checkpoint_stores.errors import AgentCheckpointCorruptionError
+from checkpoint_stores.errors import AgentCheckpointCorruptionError, CheckpointNotFoundError
 from checkpoint_stores.keys import checkpoint_latest_key, checkpoint_prefix, parse_checkpoint_key
 from checkpoint_stores.normalize import normalize_checkpoint_record
+from checkpoint_stores.schema import Checkpoint
 from checkpoint_stores.store import MemoryStore
 
 
@@ -82,7 +83,14 @@ async def _runs(store: MemoryStore, thread_id: str, as_json: bool) -> None:
 
 
 async def _chain(store: MemoryStore, thread_id: str, run_id: str, as_json: bool) -> None:
-    latest = await store.latest(thread_id, run_id)
+    # A damaged latest is exactly when the chain is worth seeing: show it, then fail.
+    latest_error: AgentCheckpointCorruptionError | None = None
+    try:
+        latest: Checkpoint | None = await store.latest(thread_id, run_id)
+    except CheckpointNotFoundError:
+        raise
+    except AgentCheckpointCorruptionError as exc:
+        latest, latest_error = None, exc
     latest_key = checkpoint_latest_key(run_id)
     rows: list[tuple[int, int, str, int, int, str, str | None]] = []
     async for key, raw in store.backend.list(thread_id, checkpoint_prefix(run_id)):
@@ -97,7 +105,8 @@ async def _chain(store: MemoryStore, thread_id: str, run_id: str, as_json: bool)
             rows.append((-1, 0, "?", len(raw), 0, key, str(exc)))
     rows.sort(key=lambda r: (r[0], r[1]))
     is_latest = [
-        r[0] == latest.seq and r[2] == latest.phase.value and r[1] == latest.step for r in rows
+        latest is not None and (r[0], r[1], r[2]) == (latest.seq, latest.step, latest.phase.value)
+        for r in rows
     ]
     if as_json:
         click.echo(
@@ -118,6 +127,7 @@ async def _chain(store: MemoryStore, thread_id: str, run_id: str, as_json: bool)
                 indent=2,
             )
         )
+        _fail_on(latest_error)
         return
     table = Table(title=f"run {run_id!r} in thread {thread_id!r}", title_justify="left")
     for column in ("seq", "step", "phase", "size", "time", ""):
@@ -134,9 +144,17 @@ async def _chain(store: MemoryStore, thread_id: str, run_id: str, as_json: bool)
             format_ms(ts),
             "[bold green]◀ latest[/]" if flag else "",
         )
-    if not any(is_latest):
+    if latest is None:
+        table.caption = "[red]latest: unreadable (see the error below)[/]"
+    elif not any(is_latest):
         table.caption = (
             f"latest: seq {format_seq(latest.seq)}, step {latest.step}, "
             f"{latest.phase.value} (its step record was pruned or is a claim)"
         )
     console.print(table)
+    _fail_on(latest_error)
+
+
+def _fail_on(error: AgentCheckpointCorruptionError | None) -> None:
+    if error is not None:
+        raise error  # run_async prints it and exits 1
