@@ -35,7 +35,8 @@ Guarantees:
   durable; ``close()`` (and leaving ``async with``) is a final flush.
 
 ``synchronous=True`` writes inside ``submit`` instead (same retries; a
-failure raises from ``submit``), for callers that want every write
+failure raises from ``submit``: :class:`StaleWriterError` when fenced,
+:class:`CheckpointFlushError` otherwise), for callers that want every write
 acknowledged.
 """
 
@@ -310,7 +311,10 @@ class CheckpointWriter:
                 if error is None:
                     return
                 if self._is_final(error, item):
-                    failure = self._fail(key, item, error, dropped=0)
+                    # Raised right here, so no later flush reports it again.
+                    failure = self._fail(key, item, error, dropped=0, for_flush=False)
+                    if isinstance(error, StaleWriterError):
+                        raise error
                     raise CheckpointFlushError(
                         f"checkpoint not written: {failure.describe()}", failures=[failure]
                     ) from error
@@ -426,7 +430,9 @@ class CheckpointWriter:
         base: float = min(self.backoff_max, self.backoff_initial * 2.0 ** (attempts - 1))
         return base * (0.5 + random.random() / 2)
 
-    def _fail(self, key: _RunKey, item: _Item, error: Exception, dropped: int) -> WriteFailure:
+    def _fail(
+        self, key: _RunKey, item: _Item, error: Exception, dropped: int, *, for_flush: bool = True
+    ) -> WriteFailure:
         cp = item.checkpoint
         failure = WriteFailure(
             thread_id=cp.thread_id,
@@ -442,7 +448,8 @@ class CheckpointWriter:
             previous = self._lost.get(key)
             if previous is None or previous[0] < cp.epoch:
                 self._lost[key] = (cp.epoch, error)
-        self._failures.append(failure)
+        if for_flush:
+            self._failures.append(failure)
         self.stats.failed += 1 + dropped
         logger.error("checkpoint not written: %s", failure.describe())
         if self.on_error is not None:
