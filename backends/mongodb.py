@@ -202,7 +202,7 @@ class MongoBackend:
     * ``collection``: collection name (default ``checkpoints``);
     * ``transactions``: ``auto`` (default: use them where the deployment has them),
       ``on`` (refuse to start without them) or ``off``;
-    * ``w``, ``j``, ``wtimeout`` (ms): the write concern. Default ``w="majority"``
+    * ``w``, ``j``, ``wtimeout`` (ms): the write concern. Default ``w="majority", j=True``
       unless the URL sets one; ``w=0`` is refused (a commit must know if it won);
     * ``client``: an :class:`pymongo.AsyncMongoClient` of yours to use instead of
       opening one (it is not closed by :meth:`close`);
@@ -254,7 +254,7 @@ class MongoBackend:
         self.url = url
         self._redacted = redact_url(self._driver_url)
         path_db = unquote(parts.path.lstrip("/"))
-        database = ours["database"] if "database" in ours else (path_db or DEFAULT_DATABASE)
+        database = ours.get("database", path_db or DEFAULT_DATABASE)
         self.database = _check_database_name(str(database))
         collection = ours.get("collection", DEFAULT_COLLECTION)
         self.collection = _check_collection_name(self.database, str(collection))
@@ -350,6 +350,11 @@ class MongoBackend:
                 "the write was not confirmed by the requested write concern; it may or may not "
                 "have been applied, and retrying it is safe"
             )
+        elif isinstance(exc, OperationFailure) and exc.code == 18:
+            hint = (
+                "authentication failed; check the user name, the password (percent-encoded "
+                "in the URL) and authSource"
+            )
         else:
             hint = "the server refused the operation; check permissions and the deployment"
         return StoreUnavailableError(
@@ -432,7 +437,9 @@ class MongoBackend:
                     "whether a commit won; use w=1 or w='majority'"
                 )
             return client.write_concern
-        return WriteConcern(w="majority")
+        # j=True as well: on a standalone mongod "majority" is not journaled, and
+        # SecantusDB acknowledges un-journaled majority writes that a crash then loses.
+        return WriteConcern(w="majority", j=True)
 
     @staticmethod
     def _read_concern(client: AsyncMongoClient[Document]) -> ReadConcern:
@@ -562,7 +569,7 @@ class MongoBackend:
         assert self._client is not None
         head_index = len(ops) - 1
         deadline = time.monotonic() + TXN_RETRY_SECONDS
-        attempt = 0
+        attempt = network_failures = 0
         while True:
             attempt += 1
             try:
@@ -581,28 +588,40 @@ class MongoBackend:
                     await self._commit_transaction(session, deadline)
                     return True
             except PyMongoError as exc:
-                # Write conflicts with a concurrent committer of the same head, a
-                # step-down or a dropped connection: the whole transaction is safe to redo.
-                if exc.has_error_label("TransientTransactionError") and time.monotonic() < deadline:
-                    await asyncio.sleep(min(0.5, 0.005 * 2**attempt) * random.random())
-                    continue
-                raise
+                # Write conflicts with a concurrent committer of the same head or a
+                # step-down: the whole transaction is safe to redo, until the deadline.
+                # A network error is redone once (as retryable writes do): a server that
+                # is down should be reported now, not after the deadline.
+                if not exc.has_error_label("TransientTransactionError"):
+                    raise
+                if isinstance(exc, ConnectionFailure):
+                    network_failures += 1
+                    if network_failures > 1:
+                        raise
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(0.5, 0.005 * 2**attempt) * random.random())
 
     @staticmethod
     async def _commit_transaction(session: AsyncClientSession, deadline: float) -> None:
+        network_failures = 0
         while True:
             try:
                 await session.commit_transaction()
                 return
             except PyMongoError as exc:
-                # The commit may have been applied; committing again is idempotent.
-                if (
-                    exc.has_error_label("UnknownTransactionCommitResult")
-                    and time.monotonic() < deadline
-                ):
-                    await asyncio.sleep(0.05)
-                    continue
-                raise
+                # The commit may have been applied; committing again is idempotent. An
+                # unreachable server is reported after one more try (the outcome stays
+                # unknown, and the caller's retry of the whole commit is safe).
+                if not exc.has_error_label("UnknownTransactionCommitResult"):
+                    raise
+                if isinstance(exc, ConnectionFailure):
+                    network_failures += 1
+                    if network_failures > 1:
+                        raise
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
     async def _commit_ordered(
         self,

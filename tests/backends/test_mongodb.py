@@ -190,13 +190,13 @@ async def test_a_callers_client_is_used_and_left_open(
         await client.close()
 
 
-async def test_write_concern_defaults_to_majority_and_is_configurable(
+async def test_write_concern_defaults_to_journaled_majority_and_is_configurable(
     mongodb_server: ServerInfo, collection_name: str, raw: AsyncCollection[Doc]
 ) -> None:
     b = MongoBackend(mongodb_server.url, collection=collection_name)
     await b.setup()
     assert b._coll is not None
-    assert b._coll.write_concern.document == {"w": "majority"}
+    assert b._coll.write_concern.document == {"w": "majority", "j": True}
     assert b._coll.read_concern.level == "majority"
     await b.close()
     b = MongoBackend(mongodb_server.url, collection=collection_name, w=1, j=True, wtimeout=5000)
@@ -237,13 +237,24 @@ async def test_concurrent_setup_of_many_backends(
     await asyncio.gather(*(b.close() for b in backends))
 
 
-async def test_transactions_detected_on_a_replica_set(backend: MongoBackend) -> None:
-    hello_set = backend._use_transactions
+async def test_capabilities_follow_the_deployment(
+    backend: MongoBackend, raw: AsyncCollection[Doc]
+) -> None:
+    hello = await raw.database.client.admin.command("hello")
+    has_transactions = "setName" in hello or hello.get("msg") == "isdbgrid"
     caps = backend.capabilities
-    assert caps.atomic_commit is hello_set
-    assert caps.fenced_commit is hello_set
-    assert caps.durable and caps.cross_process and caps.ttl
+    assert caps.atomic_commit is has_transactions
+    assert caps.fenced_commit is has_transactions
+    assert caps.durable
+    assert caps.cross_process
+    assert caps.ttl
     assert caps.max_value_bytes == MAX_VALUE_BYTES
+
+
+def test_capabilities_before_setup_claim_no_transactions_unless_forced() -> None:
+    assert MongoBackend("mongodb://h").capabilities.atomic_commit is False
+    assert MongoBackend("mongodb://h", transactions="on").capabilities.atomic_commit is True
+    assert MongoBackend("mongodb://h", transactions="off").capabilities.fenced_commit is False
 
 
 async def test_conflicting_index_is_reported(
