@@ -50,13 +50,16 @@ async def backend(s3_server: ServerInfo) -> AsyncIterator[S3Backend]:
 
 
 @pytest.fixture
-async def raw(s3_server: ServerInfo) -> AsyncIterator[Any]:
+async def raw(backend: S3Backend) -> AsyncIterator[Any]:
     """A plain aiobotocore client on the same bucket (for damage and inspection)."""
     from aiobotocore.session import get_session
 
-    opts = s3_server.options
-    kwargs = {k: opts[k] for k in ("endpoint_url", "region_name", *MOTO_CREDENTIALS) if k in opts}
-    async with get_session().create_client("s3", **kwargs) as client:
+    async with get_session().create_client(
+        "s3",
+        endpoint_url=backend._endpoint,
+        region_name=backend._client.meta.region_name,
+        **backend._secrets,
+    ) as client:
         yield client
 
 
@@ -515,10 +518,13 @@ async def test_damaged_seq_metadata_raises_corruption(backend: S3Backend, raw: A
 async def test_foreign_names_under_the_prefix_are_ignored(backend: S3Backend, raw: Any) -> None:
     thread = _fresh()
     await backend.put(thread, "k", b"v")
-    await raw.put_object(
-        Bucket=backend.bucket, Key=backend._thread_dir(thread) + "README.txt", Body=b"hi"
-    )
-    assert await _items(backend, thread) == [("k", b"v")]
+    foreign = backend._thread_dir(thread) + "README.txt"
+    await raw.put_object(Bucket=backend.bucket, Key=foreign, Body=b"hi")
+    try:
+        assert await _items(backend, thread) == [("k", b"v")]
+        assert await backend.delete_thread(thread) == 1  # ours only
+    finally:
+        await raw.delete_object(Bucket=backend.bucket, Key=foreign)
 
 
 # -- the facade on S3 -----------------------------------------------------------------
@@ -638,15 +644,18 @@ async def test_missing_bucket_says_how_to_create_it(s3_server: ServerInfo) -> No
 async def test_layout_from_the_future_is_refused(
     backend: S3Backend, raw: Any, s3_server: ServerInfo
 ) -> None:
-    prefix = f"future-{uuid.uuid4().hex[:8]}"
+    base, sep, query = s3_server.url.partition("?")
+    url = f"{base}/future-{uuid.uuid4().hex[:8]}{sep}{query}"
+    other = S3Backend(url, **s3_server.options)
+    marker = f"{other._root}.checkpoint-stores/layout"
     await raw.put_object(
-        Bucket=backend.bucket,
-        Key=f"{prefix}/.checkpoint-stores/layout",
-        Body=b"checkpoint-stores s3 layout 99\n",
+        Bucket=backend.bucket, Key=marker, Body=b"checkpoint-stores s3 layout 99\n"
     )
-    other = S3Backend(f"s3://{backend.bucket}/{prefix}", **s3_server.options)
-    with pytest.raises(StoreUnavailableError, match="layout"):
-        await other.setup()
+    try:
+        with pytest.raises(StoreUnavailableError, match="layout"):
+            await other.setup()
+    finally:
+        await raw.delete_object(Bucket=backend.bucket, Key=marker)
 
 
 async def test_blackholed_server_times_out_as_store_unavailable(s3_server: ServerInfo) -> None:
