@@ -135,9 +135,9 @@ class StoreResults:
             notes.append(f"declared divergences: {', '.join(diverged)}")
         if undeclared:
             notes.append(f"not declared, so not checked: {', '.join(undeclared)}")
-        if diverged or undeclared:
+        if notes:
             return f"partial ({'; '.join(notes)})"
-        return f"full ({'; '.join(notes)})" if notes else "full"
+        return "full"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

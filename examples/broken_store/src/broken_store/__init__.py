@@ -16,6 +16,7 @@ class _Plugin:
             ("broken-prefix", "BrokenPrefixBackend"),
             ("broken-create", "BrokenCreateBackend"),
             ("broken-seq", "BrokenSeqBackend"),
+            ("broken-file-head", "BrokenFileHeadBackend"),
         ):
             registry.add(scheme, f"broken_store.backends:{cls}", description="deliberately broken")
 

@@ -8,14 +8,18 @@ Every variant below breaks exactly one guarantee, the way real stores do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from checkpoint_stores import Capabilities
+from checkpoint_stores.backends.file import FileBackend
 
 __all__ = [
     "BrokenCreateBackend",
+    "BrokenFileHeadBackend",
     "BrokenHeadBackend",
     "BrokenPrefixBackend",
     "BrokenSeqBackend",
@@ -188,3 +192,17 @@ class BrokenSeqBackend(RoundTripBackend):
 
     def _stale(self, head: tuple[bytes, int | None] | None, seq: int) -> bool:
         return head is not None and head[1] is not None and float(head[1]) >= float(seq)
+
+
+class BrokenFileHeadBackend(FileBackend):
+    """BUG: the file store without its cross-process lock.
+
+    Commits are still serialized inside one process (the file backend's
+    per-head asyncio lock), so every single-process check passes; two
+    processes both read the old head and both write. Only the kit's
+    cross-process race can see it.
+    """
+
+    @contextlib.contextmanager
+    def _flock(self, directory: Path, head_key: str) -> Iterator[None]:
+        yield  # forgot fcntl.flock: nothing stops another process between check and write
