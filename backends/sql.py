@@ -45,13 +45,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import hashlib
+import importlib
+import os
 import random
 import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -61,6 +64,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    any_,
     bindparam,
     delete,
     event,
@@ -91,7 +95,7 @@ from checkpoint_stores.spi import Capabilities
 from checkpoint_stores.urls import redact_url
 
 if TYPE_CHECKING:
-    from sqlalchemy.sql.expression import Executable
+    from sqlalchemy.sql.expression import ClauseElement, Executable
 
 __all__ = ["SCHEMA_VERSION", "SQLBackend"]
 
@@ -118,6 +122,7 @@ _INT64: Final = (-(1 << 63), (1 << 63) - 1)
 _LIST_BATCH: Final = 128  # rows per list() round trip: bounds memory when values are large
 _THREAD_BATCH: Final = 1000
 _MYSQL_RETRIES: Final = 20
+_SNAPSHOT_RETRIES: Final = 20
 _MYSQL_RETRY_CODES: Final = frozenset({1213, 1062, 1020})  # deadlock, lost insert race, changed
 _MYSQL_DEFAULT_PACKET: Final = 16 * 1024 * 1024  # MariaDB's default max_allowed_packet
 
@@ -223,6 +228,26 @@ def _mysql_code(exc: BaseException) -> int | None:
     orig = getattr(exc, "orig", None)
     args = getattr(orig, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+class _NeverRaised(Exception):
+    """Placeholder for a driver exception class when that driver is not in use."""
+
+
+class _Compiled(NamedTuple):
+    """A statement compiled once by the engine's dialect, for the asyncpg fast path."""
+
+    sql: str
+    order: tuple[str, ...]  # parameter names in $1, $2, ... order
+    defaults: dict[str, Any]  # values SQLAlchemy bound itself (LIMIT)
+
+
+class _Lease(NamedTuple):
+    """A connection kept checked out of the engine's pool between statements."""
+
+    conn: AsyncConnection
+    driver: Any  # the asyncpg connection
+    born: float  # when it left the pool (time.monotonic), for pool_recycle
 
 
 class SQLBackend:
@@ -339,6 +364,18 @@ class SQLBackend:
             # because the driver escapes bytes (a value can double on the wire).
             self._max_value = (_MYSQL_DEFAULT_PACKET - 64 * 1024) // 2
         self._max_id = _ID_BYTES[self.family]
+        # asyncpg fast path (see _on_driver); PgBouncer mode keeps SQLAlchemy's explicit
+        # transactions, which keep a statement's prepare and execute on one server connection.
+        self._fast = self.driver == "asyncpg" and not self._pgbouncer
+        self._idle: builtins.list[_Lease] = []
+        self._slots: asyncio.Semaphore | None = None
+        self._compiled: dict[int, _Compiled] = {}
+        self._driver_interface_error: type[Exception] = _NeverRaised
+        self._driver_postgres_error: type[Exception] = _NeverRaised
+        if self._fast:
+            asyncpg = importlib.import_module("asyncpg")
+            self._driver_interface_error = asyncpg.InterfaceError
+            self._driver_postgres_error = asyncpg.PostgresError
         self._build_tables()
         self._build_statements()
 
@@ -405,12 +442,49 @@ class SQLBackend:
         pk = (t.c.thread_id == tid, t.c.state_key == key)
         row = {"thread_id": tid, "state_key": key, "value": value}
         self._s_get = select(t.c.value).where(*pk)
-        self._s_get_many = select(t.c.state_key, t.c.value).where(
-            t.c.thread_id == tid,
-            t.c.state_key.in_(bindparam("p_keys", type_=LargeBinary, expanding=True)),
-        )
+        if self.family == "postgresql":
+            # One fixed statement for any number of keys (a prepared statement).
+            in_keys = t.c.state_key == any_(bindparam("p_keys", type_=ARRAY(LargeBinary)))
+        else:
+            in_keys = t.c.state_key.in_(bindparam("p_keys", type_=LargeBinary, expanding=True))
+        self._s_get_many = select(t.c.state_key, t.c.value).where(t.c.thread_id == tid, in_keys)
         self._s_delete = delete(t).where(*pk)
         self._s_delete_thread = delete(t).where(t.c.thread_id == tid)
+        # Prefix ranges: [p_low, p_high) on the id bytes; p_high is absent for an
+        # empty prefix. Listing pages by keyset: the next page starts after p_low.
+        low, high = bindparam("p_low", type_=LargeBinary), bindparam("p_high", type_=LargeBinary)
+        self._s_delete_prefix = {
+            bounded: delete(t).where(
+                t.c.thread_id == tid,
+                t.c.state_key >= low,
+                *([t.c.state_key < high] if bounded else []),
+            )
+            for bounded in (False, True)
+        }
+        self._s_list = {
+            (after, bounded): select(t.c.state_key, t.c.value)
+            .where(
+                t.c.thread_id == tid,
+                t.c.state_key > low if after else t.c.state_key >= low,
+                *([t.c.state_key < high] if bounded else []),
+            )
+            .order_by(t.c.state_key)
+            .limit(_LIST_BATCH)
+            for after in (False, True)
+            for bounded in (False, True)
+        }
+        self._s_list_threads = {
+            (after, bounded): select(t.c.thread_id)
+            .distinct()
+            .where(
+                t.c.thread_id > low if after else t.c.thread_id >= low,
+                *([t.c.thread_id < high] if bounded else []),
+            )
+            .order_by(t.c.thread_id)
+            .limit(_THREAD_BATCH)
+            for after in (False, True)
+            for bounded in (False, True)
+        }
         self._s_head_seq = select(t.c.seq).where(*pk)
         self._s_head_lock = self._s_head_seq.with_for_update()
         self._s_head_insert = t.insert().values(seq=seq, **row)
@@ -578,6 +652,8 @@ class SQLBackend:
                 await self._setup_locked()
 
     async def _setup_locked(self) -> None:
+        if self.family == "sqlite":
+            self._check_sqlite_directory()
         if self._engine is None:
             self._engine = self._create_engine()
         engine = self._engine
@@ -604,6 +680,17 @@ class SQLBackend:
         except Exception as exc:
             raise self._unavailable("setup", exc) from exc
         self._ready = True
+
+    def _check_sqlite_directory(self) -> None:
+        # Said plainly here: sqlite3 only says "unable to open database file" (and
+        # aiosqlite leaves the failed connection's thread behind).
+        parent = os.path.dirname(os.path.abspath(self._sa_url.database or ""))
+        if not os.path.isdir(parent):
+            raise StoreUnavailableError(
+                f"SQL store {redact_url(self.url)}: setup failed: the directory {parent} "
+                "does not exist; create it (the store creates the database file, not its "
+                "directory)"
+            )
 
     async def _setup_mysql(self, engine: AsyncEngine) -> None:
         name = f"checkpoint_stores:{_advisory_key(f'{self._sa_url.database}.{self.table_name}'):x}"
@@ -694,6 +781,10 @@ class SQLBackend:
     async def close(self) -> None:
         """Dispose of the pool (an engine passed in as an option stays open)."""
         self._ready = False
+        idle, self._idle, self._slots = self._idle, [], None
+        for lease in idle:
+            await self._discard(lease, broken=False, slot=False)
+        self._compiled.clear()
         if self._own_engine and self._engine is not None:
             engine, self._engine = self._engine, None
             await engine.dispose()
@@ -723,10 +814,12 @@ class SQLBackend:
         assert self._writer is not None
         return self._engine, self._writer
 
-    async def _read(
+    async def _rows(
         self, what: str, stmt: Executable, params: dict[str, Any]
     ) -> builtins.list[Any]:
-        """Rows of a read; one retry when the pooled connection turned out to be dead."""
+        """Rows of one read; retried once when a pooled connection turned out to be dead."""
+        if self._fast:
+            return await self._on_driver(what, stmt, params, "rows", retry=True)  # type: ignore[no-any-return]
         engine, _ = await self._engines()
         for attempt in range(2):
             try:
@@ -740,19 +833,181 @@ class SQLBackend:
                 raise self._unavailable(what, exc) from exc
         raise AssertionError("unreachable")
 
-    async def _write(self, what: str, stmt: Executable, params: Any) -> int:
-        """Run one writing statement in its own transaction; return its rowcount."""
+    async def _count(
+        self, what: str, stmt: Executable, params: dict[str, Any], *, snapshot: bool = False
+    ) -> int:
+        """Run one writing statement (atomic by itself); return how many rows it changed.
+
+        ``snapshot`` (PostgreSQL range deletes): run at REPEATABLE READ and retry on
+        a serialization failure. At READ COMMITTED a DELETE that waited for a
+        racing commit's lock on the head deletes the head but not the records
+        that commit inserted (they were not in its snapshot), leaving records of
+        a deleted run behind; the retry's fresh snapshot sees them.
+        """
+        snapshot = snapshot and self.family == "postgresql"
+        mode = "count_snapshot" if snapshot else "count"
+        for attempt in range(_SNAPSHOT_RETRIES):
+            try:
+                if self._fast:
+                    return await self._on_driver(what, stmt, params, mode, retry=False)  # type: ignore[no-any-return]
+                return await self._count_generic(stmt, params, snapshot)
+            except (sa_exc.DBAPIError, self._driver_postgres_error) as exc:
+                orig = getattr(exc, "orig", exc)
+                serialization = getattr(orig, "sqlstate", None) == "40001"
+                if snapshot and serialization and attempt + 1 < _SNAPSHOT_RETRIES:
+                    await asyncio.sleep(random.uniform(0.001, 0.01))
+                    continue
+                raise self._unavailable(what, exc) from exc
+            except _OUTAGES as exc:
+                raise self._unavailable(what, exc) from exc
+        raise AssertionError("unreachable")
+
+    async def _count_generic(self, stmt: Executable, params: dict[str, Any], snapshot: bool) -> int:
+        _, writer = await self._engines()
+        if snapshot:
+            writer = writer.execution_options(isolation_level="REPEATABLE READ")
+        async with writer.begin() as conn:
+            # preserve_rowcount: psycopg loses an INSERT's rowcount once the
+            # statement's (empty) result is closed.
+            result = await conn.execute(stmt, params, execution_options=_ROWCOUNT)
+            return int(result.rowcount)
+
+    async def _value(self, what: str, stmt: Executable, params: dict[str, Any]) -> Any:
+        """The single value one statement returns (the PostgreSQL commit)."""
+        if self._fast:
+            return await self._on_driver(what, stmt, params, "value", retry=False)
         _, writer = await self._engines()
         try:
             async with writer.begin() as conn:
-                # preserve_rowcount: psycopg loses an INSERT's rowcount once the
-                # statement's (empty) result is closed.
-                result = await conn.execute(stmt, params, execution_options=_ROWCOUNT)
-                return int(result.rowcount)
+                return (await conn.execute(stmt, params)).scalar_one()
         except sa_exc.DBAPIError as exc:
             raise self._unavailable(what, exc) from exc
         except _OUTAGES as exc:
             raise self._unavailable(what, exc) from exc
+
+    # -- asyncpg fast path ---------------------------------------------------------------
+    #
+    # SQLAlchemy's per-statement machinery (pool checkout and reset, execution
+    # context, result objects) costs several hundred microseconds per call on a
+    # busy host, more than the round trip itself. With asyncpg the backend keeps
+    # a few connections checked out of the engine's pool and runs each statement
+    # -- compiled once by the engine's own dialect, so the SQL text is exactly
+    # what SQLAlchemy would send -- on the driver connection. Every statement is
+    # atomic by itself (autocommit), as on the generic path.
+
+    def _compiled_for(self, stmt: Executable) -> _Compiled:
+        found = self._compiled.get(id(stmt))
+        if found is None:
+            assert self._engine is not None
+            compiled = cast("ClauseElement", stmt).compile(dialect=self._engine.dialect)
+            positions = getattr(compiled, "positiontup", None)
+            assert positions is not None, "the asyncpg dialect compiles positional SQL"
+            found = _Compiled(str(compiled), tuple(positions), dict(compiled.params))
+            self._compiled[id(stmt)] = found
+        return found
+
+    async def _lease(self) -> tuple[_Lease, bool]:
+        """A connection for one statement, and whether it was reused (it may have died).
+
+        At most ``pool_size + max_overflow`` are in use at once; waiters get the
+        next one released (idle connections stay checked out of the engine's
+        pool, so waiting on the pool itself could starve).
+        """
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._pool_size + self._max_overflow)
+        if self._slots.locked():
+            try:
+                await asyncio.wait_for(self._slots.acquire(), self._timeout or None)
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"all {self._pool_size + self._max_overflow} connections stayed busy for "
+                    f"{self._timeout:g}s (raise pool_size/max_overflow or the timeout option)"
+                ) from None
+        else:
+            await self._slots.acquire()
+        try:
+            now = time.monotonic()
+            while self._idle:
+                lease = self._idle.pop()
+                if now - lease.born < self._pool_recycle and not lease.driver.is_closed():
+                    return lease, True
+                await self._discard(lease, broken=lease.driver.is_closed(), slot=False)
+            engine, _ = await self._engines()
+            conn = await engine.connect()
+            try:
+                raw = await conn.get_raw_connection()
+            except BaseException:
+                await conn.close()
+                raise
+            return _Lease(conn, raw.driver_connection, now), False
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _release(self, lease: _Lease) -> None:
+        if len(self._idle) < self._pool_size:
+            self._idle.append(lease)
+            if self._slots is not None:
+                self._slots.release()
+        else:  # an overflow connection: back to the engine's pool, which closes it
+            await self._discard(lease, broken=False)
+
+    async def _discard(self, lease: _Lease, *, broken: bool, slot: bool = True) -> None:
+        if slot and self._slots is not None:
+            self._slots.release()
+        with contextlib.suppress(Exception):
+            if broken:
+                await lease.conn.invalidate()
+            await lease.conn.close()
+
+    async def _on_driver(
+        self, what: str, stmt: Executable, params: dict[str, Any], mode: str, *, retry: bool
+    ) -> Any:
+        if not self._ready:
+            await self.setup()
+        compiled = self._compiled_for(stmt)
+        values = {**compiled.defaults, **params}
+        args = [values[name] for name in compiled.order]
+        for attempt in range(2):
+            try:
+                lease, reused = await self._lease()
+            except sa_exc.DBAPIError as exc:
+                raise self._unavailable(what, exc) from exc
+            except _OUTAGES as exc:
+                raise self._unavailable(what, exc) from exc
+            driver = lease.driver
+            try:
+                if mode == "rows":
+                    result: Any = await driver.fetch(compiled.sql, *args)
+                elif mode == "value":
+                    result = await driver.fetchval(compiled.sql, *args)
+                elif mode == "count_snapshot":
+                    async with driver.transaction(isolation="repeatable_read"):
+                        status = await driver.execute(compiled.sql, *args)
+                    result = int(status.rsplit(" ", 1)[-1])
+                else:  # "count": the command tag ends with the row count ("INSERT 0 1")
+                    result = int((await driver.execute(compiled.sql, *args)).rsplit(" ", 1)[-1])
+            except BaseException as exc:
+                # A timed-out or cancelled statement may still be in flight: never reuse it.
+                broken = (
+                    driver.is_closed()
+                    or not isinstance(exc, Exception)
+                    or isinstance(exc, (*_OUTAGES, self._driver_interface_error))
+                )
+                if broken:
+                    await self._discard(lease, broken=True)
+                else:
+                    await self._release(lease)
+                if not isinstance(exc, Exception):
+                    raise
+                if broken and retry and reused and attempt == 0:
+                    continue  # a pooled connection had died; the next one is fresh
+                if getattr(exc, "sqlstate", None) == "40001":
+                    raise  # a serialization failure: the caller retries
+                raise self._unavailable(what, exc) from exc
+            await self._release(lease)
+            return result
+        raise AssertionError("unreachable")
 
     def _tid(self, thread_id: str) -> bytes:
         return _encode_id(thread_id, "thread_id", self._max_id)
@@ -773,7 +1028,7 @@ class SQLBackend:
     async def get(self, thread_id: str, key: str) -> bytes | None:
         """The value under ``key``, or ``None``."""
         tid, raw_key = self._tid(thread_id), self._key(key)
-        rows = await self._read("get", self._s_get, {"p_tid": tid, "p_key": raw_key})
+        rows = await self._rows("get", self._s_get, {"p_tid": tid, "p_key": raw_key})
         return bytes(rows[0][0]) if rows else None
 
     async def get_many(self, thread_id: str, keys: Sequence[str]) -> builtins.list[bytes | None]:
@@ -782,7 +1037,7 @@ class SQLBackend:
             return []
         tid = self._tid(thread_id)
         encoded = [self._key(k) for k in keys]
-        rows = await self._read(
+        rows = await self._rows(
             "get_many", self._s_get_many, {"p_tid": tid, "p_keys": sorted(set(encoded))}
         )
         found = {bytes(k): bytes(v) for k, v in rows}
@@ -792,14 +1047,14 @@ class SQLBackend:
         """Upsert ``value``; a put clears the seq (a head written by put counts as lowest)."""
         tid, raw_key = self._tid(thread_id), self._key(key)
         data = self._checked_value(value, f"value of {key!r}")
-        await self._write("put", self._s_put, {"p_tid": tid, "p_key": raw_key, "p_value": data})
+        await self._count("put", self._s_put, {"p_tid": tid, "p_key": raw_key, "p_value": data})
 
     async def create(self, thread_id: str, key: str, value: bytes) -> bool:
         """Insert-ignore: stored only if absent; the database's unique key decides races."""
         tid, raw_key = self._tid(thread_id), self._key(key)
         data = self._checked_value(value, f"value of {key!r}")
         params = {"p_tid": tid, "p_key": raw_key, "p_value": data}
-        return await self._write("create", self._s_create, params) == 1
+        return await self._count("create", self._s_create, params) == 1
 
     async def commit(
         self,
@@ -830,7 +1085,6 @@ class SQLBackend:
     async def _commit_postgresql(
         self, tid: bytes, head: bytes, head_value: bytes, seq: int, planned: dict[bytes, bytes]
     ) -> bool:
-        _, writer = await self._engines()
         params = {
             "p_tid": tid,
             "p_key": head,
@@ -839,14 +1093,7 @@ class SQLBackend:
             "p_keys": list(planned),
             "p_values": list(planned.values()),
         }
-        try:
-            async with writer.begin() as conn:
-                moved = (await conn.execute(self._s_commit, params)).scalar_one()
-        except sa_exc.DBAPIError as exc:
-            raise self._unavailable("commit", exc) from exc
-        except _OUTAGES as exc:
-            raise self._unavailable("commit", exc) from exc
-        return bool(moved)
+        return bool(await self._value("commit", self._s_commit, params))
 
     async def _commit_transaction(
         self, tid: bytes, head: bytes, head_value: bytes, seq: int, planned: dict[bytes, bytes]
@@ -893,75 +1140,45 @@ class SQLBackend:
         while the caller consumes the iterator.
         """
         tid = self._tid(thread_id)
-        t = self.table
         low, high = _prefix_range(prefix)
-        conditions = [t.c.thread_id == bindparam("p_tid", type_=LargeBinary)]
-        if high is not None:
-            conditions.append(t.c.state_key < bindparam("p_high", type_=LargeBinary))
-        first = (
-            select(t.c.state_key, t.c.value)
-            .where(*conditions, t.c.state_key >= bindparam("p_low", type_=LargeBinary))
-            .order_by(t.c.state_key)
-            .limit(_LIST_BATCH)
-        )
-        after = (
-            select(t.c.state_key, t.c.value)
-            .where(*conditions, t.c.state_key > bindparam("p_low", type_=LargeBinary))
-            .order_by(t.c.state_key)
-            .limit(_LIST_BATCH)
-        )
         params: dict[str, Any] = {"p_tid": tid, "p_low": low, "p_high": high}
-        stmt = first
+        after = False
         while True:
-            rows = await self._read("list", stmt, params)
+            rows = await self._rows("list", self._s_list[after, high is not None], params)
             for raw_key, value in rows:
                 yield bytes(raw_key).decode("utf-8"), bytes(value)
             if len(rows) < _LIST_BATCH:
                 return
-            params["p_low"] = bytes(rows[-1][0])
-            stmt = after
+            params["p_low"], after = bytes(rows[-1][0]), True
 
     async def list_threads(self, prefix: str = "") -> AsyncIterator[str]:
         """Thread ids holding at least one key, sorted (distinct ids, in batches)."""
-        t = self.table
         low, high = _prefix_range(prefix)
-        conditions = []
-        if high is not None:
-            conditions.append(t.c.thread_id < bindparam("p_high", type_=LargeBinary))
-        base = select(t.c.thread_id).distinct().order_by(t.c.thread_id).limit(_THREAD_BATCH)
-        first = base.where(*conditions, t.c.thread_id >= bindparam("p_low", type_=LargeBinary))
-        after = base.where(*conditions, t.c.thread_id > bindparam("p_low", type_=LargeBinary))
         params: dict[str, Any] = {"p_low": low, "p_high": high}
-        stmt = first
+        after = False
         while True:
-            rows = await self._read("list_threads", stmt, params)
+            stmt = self._s_list_threads[after, high is not None]
+            rows = await self._rows("list_threads", stmt, params)
             for (raw,) in rows:
                 yield bytes(raw).decode("utf-8")
             if len(rows) < _THREAD_BATCH:
                 return
-            params["p_low"] = bytes(rows[-1][0])
-            stmt = after
+            params["p_low"], after = bytes(rows[-1][0]), True
 
     async def delete(self, thread_id: str, key: str) -> bool:
         """Delete one key."""
         tid, raw_key = self._tid(thread_id), self._key(key)
-        return await self._write("delete", self._s_delete, {"p_tid": tid, "p_key": raw_key}) > 0
+        return await self._count("delete", self._s_delete, {"p_tid": tid, "p_key": raw_key}) > 0
 
     async def delete_prefix(self, thread_id: str, prefix: str) -> int:
         """Delete the keys in the prefix's byte range."""
         tid = self._tid(thread_id)
-        t = self.table
         low, high = _prefix_range(prefix)
-        conditions = [
-            t.c.thread_id == bindparam("p_tid", type_=LargeBinary),
-            t.c.state_key >= bindparam("p_low", type_=LargeBinary),
-        ]
-        if high is not None:
-            conditions.append(t.c.state_key < bindparam("p_high", type_=LargeBinary))
         params = {"p_tid": tid, "p_low": low, "p_high": high}
-        return await self._write("delete_prefix", delete(t).where(*conditions), params)
+        stmt = self._s_delete_prefix[high is not None]
+        return await self._count("delete_prefix", stmt, params, snapshot=True)
 
     async def delete_thread(self, thread_id: str) -> int:
         """Delete every row of the thread."""
-        tid = self._tid(thread_id)
-        return await self._write("delete_thread", self._s_delete_thread, {"p_tid": tid})
+        params = {"p_tid": self._tid(thread_id)}
+        return await self._count("delete_thread", self._s_delete_thread, params, snapshot=True)

@@ -165,3 +165,60 @@ async def test_cuts_mid_commit_never_leave_a_partial_commit(
     records = [int(k[4:]) async for k, _ in backend.list(t, "rec:")]
     assert max(records) == head_seq  # no record of a commit whose head did not move
     assert set(confirmed) <= set(records)
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_delete_racing_an_in_flight_commit_leaves_nothing(
+    postgres_server: ServerInfo, driver: str
+) -> None:
+    """A commit still in flight (a killed client's statement finishing on the server)
+    while delete_thread runs: the delete must not leave that commit's records behind."""
+    import asyncio
+
+    import asyncpg
+
+    url = postgres_server.url.replace("+asyncpg", f"+{driver}")
+    backend = open_backend(url, **postgres_server.options)
+    assert isinstance(backend, SQLBackend)
+    where = make_url(postgres_server.url)
+    raw = await asyncpg.connect(
+        host=where.host, port=where.port, user=where.username, database=where.database
+    )
+    t = f"race-{uuid.uuid4().hex}"
+    try:
+        assert await backend.commit(t, [("rec:1", b"1")], "head", b"1", 1)
+        # The racing commit: the backend's own statement, on another connection,
+        # inside a transaction held open so it keeps the head's row lock.
+        fast = SQLBackend(postgres_server.url, **postgres_server.options)
+        await fast.setup()
+        compiled = fast._compiled_for(fast._s_commit)
+        await fast.close()
+        params = {
+            "p_tid": t.encode(),
+            "p_key": b"head",
+            "p_value": b"2",
+            "p_seq": 2,
+            "p_keys": [b"rec:2"],
+            "p_values": [b"2"],
+        }
+        in_flight = raw.transaction()
+        await in_flight.start()
+        assert await raw.fetchval(compiled.sql, *[params[n] for n in compiled.order]) == 1
+        deleting = asyncio.create_task(backend.delete_thread(t))
+        for _ in range(200):  # until the DELETE waits for the head's row lock
+            waiting = await raw.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'DELETE FROM%' AND pid <> pg_backend_pid()"
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("delete_thread never waited for the in-flight commit's lock")
+        await in_flight.commit()
+        removed = await deleting
+        assert [k async for k, _ in backend.list(t)] == []
+        assert removed == 3  # head, rec:1 and the racing commit's rec:2
+    finally:
+        await raw.close()
+        await backend.close()

@@ -158,7 +158,7 @@ async def test_sqlite_pragmas(tmp_path: Path) -> None:
 
 async def test_sqlite_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
     backend = sql_backend(f"sqlite:///{tmp_path}/no/such/dir/x.db")
-    with pytest.raises(StoreUnavailableError, match="setup failed"):
+    with pytest.raises(StoreUnavailableError, match=r"no/such/dir does not exist; create it"):
         await backend.setup()
     await backend.close()
 
