@@ -51,4 +51,6 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: ratios against the raw driver doing the same work, in one run."""
     session.install(".[all]", "moto[s3]>=5.0", "flask>=3", "flask-cors>=4", "secantusdb>=0.7.0b3")
+    # Benchmark-only: the SQL benchmark compares against LangGraph's AsyncPostgresSaver.
+    session.install("langgraph-checkpoint-postgres>=2")
     session.run("python", "-m", "benchmarks", *session.posargs)
