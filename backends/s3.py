@@ -414,6 +414,8 @@ class S3Backend:
         self._client: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._setup_lock: asyncio.Lock | None = None
+        self._setup_task: asyncio.Task[Any] | None = None
+        self._ready = False
 
     def __repr__(self) -> str:
         where = f", endpoint_url={redact_url(self._endpoint)!r}" if self._endpoint else ""
@@ -435,24 +437,28 @@ class S3Backend:
         if self._setup_lock is None:
             self._setup_lock = asyncio.Lock()
         async with self._setup_lock:
-            if self._client is not None:
+            if self._ready:
                 return
             stack = contextlib.AsyncExitStack()
+            # Requests made by this task while setting up must not wait for setup.
+            self._setup_task = asyncio.current_task()
             try:
-                client = await stack.enter_async_context(self._create_client())
-                self._client = client
+                self._client = await stack.enter_async_context(self._create_client())
                 self._stack = stack
                 await self._ensure_bucket()
                 await self._check_layout()
+                self._ready = True
             except BaseException:
                 self._client = None
                 self._stack = None
                 await stack.aclose()
                 raise
+            finally:
+                self._setup_task = None
 
     async def close(self) -> None:
         """Close the HTTP connections. ``setup`` (or any call) reopens them."""
-        stack, self._stack, self._client = self._stack, None, None
+        stack, self._stack, self._client, self._ready = self._stack, None, None, False
         if stack is not None:
             await stack.aclose()
 
@@ -800,7 +806,7 @@ class S3Backend:
 
     async def _request(self, operation: str, **params: Any) -> Any:
         """Call one S3 operation; map errors (404 and conditional failures stay distinct)."""
-        if self._client is None:
+        if not self._ready and asyncio.current_task() is not self._setup_task:
             await self.setup()
         try:
             return await getattr(self._client, operation)(Bucket=self.bucket, **params)
