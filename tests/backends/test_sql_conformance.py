@@ -1,4 +1,4 @@
-"""The conformance kit, every group, against PostgreSQL (asyncpg), SQLite files and MariaDB.
+"""The conformance kit, every group, against PostgreSQL (asyncpg and psycopg), SQLite, MariaDB.
 
 The backdoor damages the value column with a direct UPDATE, below the SPI
 (the head's seq stays as it was), so the kit proves the codec's checks catch
@@ -53,6 +53,21 @@ class TestPostgresConformance(_SQLConformance):
     @classmethod
     def store_url(cls, postgres_server: ServerInfo) -> str:
         return postgres_server.url
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_options(cls, postgres_server: ServerInfo) -> dict[str, Any]:
+        return postgres_server.options
+
+
+@pytest.mark.sql
+class TestPostgresPsycopgConformance(_SQLConformance):
+    """psycopg 3 runs through SQLAlchemy's generic execution path (no asyncpg fast path)."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def store_url(cls, postgres_server: ServerInfo) -> str:
+        return postgres_server.url.replace("+asyncpg", "+psycopg")
 
     @pytest.fixture(scope="class")
     @classmethod
