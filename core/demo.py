@@ -212,7 +212,9 @@ async def run_agent(
         }
     )
     if point is not None and point.terminal:
-        return point.terminal_result or {}
+        result = point.terminal_result or {}
+        await report({"event": "done", "result": result, "effects": None, "already_done": True})
+        return result
     state = point.snapshot if point is not None and point.snapshot is not None else None
     if state is None:
         state = RuntimeSnapshot(state="running", started_at_s=time.time())
