@@ -72,6 +72,7 @@ from sqlalchemy import (
     Table,
     any_,
     bindparam,
+    column,
     delete,
     event,
     exists,
@@ -80,6 +81,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    table,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql as mysql_types
@@ -757,7 +759,14 @@ class SQLBackend:
             lock = _advisory_key(f"checkpoint_stores:{self.schema or ''}")
             await conn.execute(select(func.pg_advisory_xact_lock(lock)))
             if self.schema is not None:
-                await conn.execute(CreateSchema(self.schema, if_not_exists=True))
+                # Checked first: CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on
+                # the database even when the schema exists, and an application role that
+                # only uses tables an administrator migrated should not need it.
+                nspname = column("nspname", String)
+                query = select(nspname).select_from(table("pg_namespace", nspname))
+                found = await conn.execute(query.where(nspname == self.schema))
+                if found.first() is None:
+                    await conn.execute(CreateSchema(self.schema, if_not_exists=True))
         migrations = self.migrations_table
         await conn.run_sync(lambda sync: migrations.create(sync, checkfirst=True))
         applied = set((await conn.execute(select(migrations.c.version))).scalars())

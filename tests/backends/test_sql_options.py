@@ -264,3 +264,32 @@ async def test_callers_mariadb_engine(mariadb_server: ServerInfo, isolation: str
         async with engine.connect() as conn:
             assert (await conn.execute(text("SELECT 1"))).scalar() == 1
         await engine.dispose()
+
+
+async def test_setup_needs_no_ddl_rights_once_migrated() -> None:
+    """An application role with only table rights can open a store an administrator migrated."""
+    from tests.servers.sql import _pg_connect
+
+    with scratch_postgres_schema() as schema:
+        admin = sql_backend(POSTGRES_URL, schema=schema)
+        await admin.setup()
+        await admin.close()
+        role = f"cs_test_role_{uuid.uuid4().hex[:10]}"
+        with _pg_connect() as conn:
+            conn.execute(f'CREATE ROLE "{role}" LOGIN')
+            conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+            conn.execute(
+                f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" '
+                f'TO "{role}"'
+            )
+            conn.execute(f'REVOKE CREATE ON DATABASE test FROM "{role}"')
+        try:
+            app = sql_backend(POSTGRES_URL.replace("//postgres@", f"//{role}@"), schema=schema)
+            try:
+                await exercise_spi(app)
+            finally:
+                await app.close()
+        finally:
+            with _pg_connect() as conn:
+                conn.execute(f'DROP OWNED BY "{role}"')
+                conn.execute(f'DROP ROLE "{role}"')
