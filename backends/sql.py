@@ -44,7 +44,7 @@ under a lock, so several processes may start at once: PostgreSQL
 pooling is fine), MySQL ``GET_LOCK``, SQLite ``BEGIN IMMEDIATE``. It always
 runs on a connection and transaction of its own. To create the schema inside
 a transaction of yours instead, call :meth:`SQLBackend.migrate` with your
-connection (PostgreSQL and SQLite, whose DDL is transactional).
+connection (PostgreSQL, whose DDL is transactional; not MySQL).
 """
 
 from __future__ import annotations
@@ -110,7 +110,6 @@ __all__ = ["SCHEMA_VERSION", "SQLBackend"]
 # Plain schemes get the async driver this project tests and ships an extra for.
 _DEFAULT_DRIVERS: Final = {
     "postgresql": "postgresql+asyncpg",
-    "postgres": "postgresql+asyncpg",
     "sqlite": "sqlite+aiosqlite",
     "mysql": "mysql+aiomysql",
     "mariadb": "mariadb+aiomysql",
@@ -288,7 +287,13 @@ class SQLBackend:
 
     def __init__(self, url: str, **options: Any) -> None:
         self.url = url
-        sa_url = make_url(url)
+        try:
+            sa_url = make_url(url)
+        except (ValueError, sa_exc.ArgumentError) as exc:
+            raise ValueError(
+                f"cannot parse the SQL URL {redact_url(url)!r} ({exc}); write it like "
+                "postgresql://user:password@host:5432/database or sqlite:///path/to/file.db"
+            ) from None
         merged: dict[str, Any] = {k: v for k, v in sa_url.query.items() if k in _OPTIONS}
         unknown = set(options) - _OPTIONS
         if unknown:
@@ -739,8 +744,9 @@ class SQLBackend:
         """Apply migrations on ``connection``, inside its current transaction; never commit.
 
         For applications that create their schema in a transaction of their own
-        (PostgreSQL and SQLite, whose DDL is transactional): the tables appear
-        when *you* commit, and vanish if you roll back. On PostgreSQL it takes
+        (PostgreSQL, whose DDL is transactional; SQLite only if your engine emits
+        BEGIN itself): the tables appear when *you* commit, and vanish if you
+        roll back. On PostgreSQL it takes
         the same transaction-scoped advisory lock as :meth:`setup`, so it is
         safe against processes starting at once. Not offered on MySQL, where
         DDL commits the open transaction implicitly; call :meth:`setup` there.

@@ -293,3 +293,9 @@ async def test_setup_needs_no_ddl_rights_once_migrated() -> None:
             with _pg_connect() as conn:
                 conn.execute(f'DROP OWNED BY "{role}"')
                 conn.execute(f'DROP ROLE "{role}"')
+
+
+def test_unparsable_url_is_refused_without_its_password() -> None:
+    with pytest.raises(ValueError, match="cannot parse the SQL URL") as info:
+        SQLBackend("postgresql://u:s3cret-pw@host:notaport/db")
+    assert "s3cret-pw" not in str(info.value)
