@@ -21,8 +21,9 @@ Guarantees:
   queues it. The queue is bounded: when ``max_pending`` records wait,
   ``submit`` waits too (backpressure) instead of letting memory grow.
 * One background task writes. Records of one run are written in submit order
-  (per-run FIFO), each with one backend ``commit`` (record, runtime key and
-  latest together), so ``latest`` only moves forward.
+  (per-run FIFO) through the backend's compare-seq ``commit`` (records, runtime
+  key and latest together), so ``latest`` only moves forward. Records of a run
+  that queued up behind a slow write go in one commit (``max_batch``).
 * ``runtime_state`` records are coalesced per run: a newer snapshot submitted
   while an older one still waits replaces it (only the newest is written).
 * Errors are retried with bounded, jittered exponential backoff, then
@@ -45,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
 import logging
 import random
 from collections import deque
@@ -59,7 +61,13 @@ from checkpoint_stores.errors import (
     CheckpointStoreError,
     StaleWriterError,
 )
-from checkpoint_stores.keys import validate_run_id, validate_thread_id
+from checkpoint_stores.keys import (
+    checkpoint_key,
+    checkpoint_latest_key,
+    runtime_key,
+    validate_run_id,
+    validate_thread_id,
+)
 from checkpoint_stores.schema import Checkpoint, Phase
 from checkpoint_stores.store import MemoryStore
 
@@ -112,12 +120,15 @@ class WriteFailure:
 class WriterStats:
     """What the writer did.
 
-    ``written / submitted`` is the write ratio; ``coalesced`` records were
-    superseded by a newer runtime snapshot before being written.
+    ``submitted / commits`` is the coalescing ratio (records per backend
+    commit): ``coalesced`` records were superseded by a newer runtime snapshot
+    before being written, and records queued behind each other are committed
+    together (``written`` counts records, ``commits`` backend commits).
     """
 
     submitted: int = 0
     written: int = 0
+    commits: int = 0
     coalesced: int = 0
     retries: int = 0
     failed: int = 0
@@ -134,9 +145,10 @@ class _Item:
 @dataclass
 class _RunQueue:
     items: deque[_Item] = field(default_factory=deque)
-    # idle: nothing scheduled; ready: in the ready deque; busy: head being written;
-    # backoff: head waiting for a retry timer.
+    # idle: nothing scheduled; ready: in the ready deque; busy: the first `in_flight`
+    # items are being written; backoff: waiting for a retry timer.
     state: Literal["idle", "ready", "busy", "backoff"] = "idle"
+    in_flight: int = 0
 
 
 class CheckpointWriter:
@@ -147,6 +159,9 @@ class CheckpointWriter:
         max_pending: most records waiting (or being written) before ``submit`` blocks.
         synchronous: write inside ``submit`` and raise there on failure.
         coalesce: replace a waiting ``runtime_state`` record of a run by a newer one.
+        max_batch: most queued records of one run written by one backend commit (the
+            records, the runtime key and latest together); 1 turns batching off.
+        max_batch_bytes: size cap of one such commit (a single record may exceed it).
         max_attempts: commits tried per record before it is reported as failed.
         backoff_initial: first retry delay in seconds (doubles per attempt, jittered).
         backoff_max: cap of the retry delay in seconds.
@@ -160,6 +175,8 @@ class CheckpointWriter:
         max_pending: int = 1000,
         synchronous: bool = False,
         coalesce: bool = True,
+        max_batch: int = 32,
+        max_batch_bytes: int = 1 << 20,
         max_attempts: int = 5,
         backoff_initial: float = 0.05,
         backoff_max: float = 2.0,
@@ -167,12 +184,14 @@ class CheckpointWriter:
     ) -> None:
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+        if max_attempts < 1 or max_batch < 1:
+            raise ValueError("max_attempts and max_batch must be at least 1")
         self.store = store
         self.max_pending = max_pending
         self.synchronous = synchronous
         self.coalesce = coalesce
+        self.max_batch = max_batch
+        self.max_batch_bytes = max_batch_bytes
         self.max_attempts = max_attempts
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -264,7 +283,7 @@ class CheckpointWriter:
 
     @staticmethod
     def _waiting_snapshot(queue: _RunQueue) -> _Item | None:
-        first = 1 if queue.state == "busy" else 0  # never touch the record being written
+        first = queue.in_flight  # never touch records being written
         for index in range(first, len(queue.items)):
             if queue.items[index].checkpoint.phase is Phase.RUNTIME_STATE:
                 return queue.items[index]
@@ -307,7 +326,7 @@ class CheckpointWriter:
             self._check_lost(key, checkpoint)
             item = _Item(checkpoint, data, ticket=-1)
             while True:
-                error = await self._commit(item)
+                error = await self._commit([item])
                 if error is None:
                     return
                 if self._is_final(error, item):
@@ -354,32 +373,42 @@ class CheckpointWriter:
                 await self._wakeup.wait()
             key = self._ready.popleft()
             queue = self._runs[key]
-            item = queue.items[0]
+            batch = self._take_batch(queue)
             queue.state = "busy"
-            error = await self._commit(item)
+            queue.in_flight = len(batch)
+            error = await self._commit(batch)
+            queue.in_flight = 0
+            head = batch[0]
             if error is None:
-                queue.items.popleft()
-                self._resolve(item.ticket)
-            elif self._is_final(error, item):
-                dropped = 0
-                queue.items.popleft()
-                self._resolve(item.ticket)
+                for item in batch:
+                    queue.items.popleft()
+                    self._resolve(item.ticket)
+            elif self._is_final(error, head):
+                for _ in batch:
+                    queue.items.popleft()
                 if isinstance(error, StaleWriterError):
                     # The run belongs to a newer writer: nothing queued for it may land.
+                    dropped = len(batch) - 1 + len(queue.items)
+                    for item in batch:
+                        self._resolve(item.ticket)
                     while queue.items:
                         self._resolve(queue.items.popleft().ticket)
-                        dropped += 1
-                self._fail(key, item, error, dropped)
+                    self._fail(key, head, error, dropped)
+                else:
+                    for item in batch:
+                        self._resolve(item.ticket)
+                        self._fail(key, item, error, 0)
             else:
                 self.stats.retries += 1
                 queue.state = "backoff"
-                delay = self._delay(item.attempts)
+                delay = self._delay(head.attempts)
                 logger.warning(
-                    "checkpoint write of run %r seq %d failed (attempt %d of %d), retrying "
+                    "checkpoint write of run %r seq %d..%d failed (attempt %d of %d), retrying "
                     "in %.2fs: %s: %s",
-                    item.checkpoint.run_id,
-                    item.checkpoint.seq,
-                    item.attempts,
+                    head.checkpoint.run_id,
+                    head.checkpoint.seq,
+                    batch[-1].checkpoint.seq,
+                    head.attempts,
                     self.max_attempts,
                     delay,
                     type(error).__name__,
@@ -393,6 +422,16 @@ class CheckpointWriter:
                 queue.state = "idle"
                 del self._runs[key]
 
+    def _take_batch(self, queue: _RunQueue) -> list[_Item]:
+        batch = [queue.items[0]]
+        size = len(batch[0].data)
+        for item in itertools.islice(queue.items, 1, self.max_batch):
+            size += len(item.data)
+            if size > self.max_batch_bytes:
+                break
+            batch.append(item)
+        return batch
+
     def _retry_due(self, key: _RunKey) -> None:
         queue = self._runs.get(key)
         if queue is not None and queue.state == "backoff":
@@ -400,24 +439,56 @@ class CheckpointWriter:
 
     # -- one commit -------------------------------------------------------------------
 
-    async def _commit(self, item: _Item) -> Exception | None:
-        """Try one commit; the error if it failed."""
-        item.attempts += 1
-        cp = item.checkpoint
+    async def _commit(self, batch: list[_Item]) -> Exception | None:
+        """Try one backend commit of ``batch`` (one run's oldest records); the error if any."""
+        for item in batch:
+            item.attempts += 1
+        first, last = batch[0].checkpoint, batch[-1].checkpoint
         try:
-            if await self.store.commit_checkpoint(cp, item.data):
-                self.stats.written += 1
-                return None
+            if len(batch) == 1:
+                moved = await self.store.commit_checkpoint(first, batch[0].data)
+            else:
+                moved = await self._commit_many(batch)
         except Exception as exc:
             return exc
+        if moved:
+            self.stats.written += len(batch)
+            self.stats.commits += 1
+            return None
         current = "?"
         with contextlib.suppress(CheckpointStoreError):
-            current = str((await self.store.latest(cp.thread_id, cp.run_id)).seq)
+            current = str((await self.store.latest(first.thread_id, first.run_id)).seq)
+        seqs = f"seq {first.seq}" if first is last else f"seqs {first.seq}..{last.seq}"
         return StaleWriterError(
-            f"checkpoint seq {cp.seq} (epoch {cp.epoch}) of run {cp.run_id!r} was refused: the "
+            f"checkpoint {seqs} (epoch {first.epoch}) of run {first.run_id!r} was refused: the "
             f"run's latest is at seq {current}. Another writer (a resumer) owns the run; stop "
             "writing it and load it again to continue"
         )
+
+    async def _commit_many(self, batch: list[_Item]) -> bool:
+        """Several records of one run in one backend commit, latest moved to the newest.
+
+        Safe because seqs are fenced by epoch: within an epoch only this writer
+        writes the run, and a newer epoch's seqs are above the whole batch, so
+        comparing the head with the newest seq decides for every record.
+        """
+        last = batch[-1]
+        run_id, thread_id = last.checkpoint.run_id, last.checkpoint.thread_id
+        writes: dict[str, bytes] = {}
+        for item in batch:
+            cp = item.checkpoint
+            writes[checkpoint_key(run_id, cp.step, cp.phase.value)] = item.data
+            if cp.phase is Phase.RUNTIME_STATE:
+                writes[runtime_key(run_id)] = item.data
+        head = checkpoint_latest_key(run_id)
+        await self.store.setup()
+        backend = self.store.backend
+        if await backend.commit(
+            thread_id, list(writes.items()), head, last.data, last.checkpoint.seq
+        ):
+            return True
+        # An earlier attempt of this very commit may have landed (a retried timeout).
+        return await backend.get(thread_id, head) == last.data
 
     def _is_final(self, error: Exception, item: _Item) -> bool:
         if isinstance(error, (StaleWriterError, AgentCheckpointCorruptionError)):

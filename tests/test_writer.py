@@ -168,17 +168,28 @@ async def test_coalescing_keeps_other_phases_and_order(
             await writer.submit(last)
         finally:
             backend.gate.set()
-    assert [seq for _, seq in backend.commits] == [1, pre.seq, post.seq, last.seq]
+    # The first was in flight alone; the three that queued behind it went in one commit.
+    assert [seq for _, seq in backend.commits] == [1, last.seq]
     assert writer.stats.coalesced == 1
+    assert writer.stats.written == 4
+    assert writer.stats.commits == 2
     assert (await store.latest(THREAD, "r1")).seq == last.seq
+    for record in (pre, post):
+        stored = await store.get_checkpoint(THREAD, "r1", record.step, record.phase)
+        assert stored is not None
+        assert stored.seq == record.seq
+    snap = await store.runtime_snapshot(THREAD, "r1")
+    assert snap is not None
+    assert snap.payload["context"] == {"m": 3}
 
 
 async def test_coalescing_can_be_turned_off(store: MemoryStore, backend: FaultyBackend) -> None:
     cursor = RunCursor(THREAD, "r1")
-    async with CheckpointWriter(store, coalesce=False) as writer:
+    async with CheckpointWriter(store, coalesce=False, max_batch=1) as writer:
         for marker in range(5):
             await writer.submit(snapshot(cursor, 0, marker))
     assert len(backend.commits) == 5
+    assert writer.stats.coalesced == 0
 
 
 # -- backpressure ---------------------------------------------------------------------
@@ -203,8 +214,10 @@ async def test_full_queue_blocks_submitters(store: MemoryStore, backend: FaultyB
     assert pending_while_held == 3
     await blocked
     await writer.close()
-    assert len(backend.commits) == 4
+    assert writer.stats.written == 4
     assert (await store.latest(THREAD, "r1")).step == 3
+    for step in range(4):
+        assert await store.get_checkpoint(THREAD, "r1", step, Phase.STEP_STARTED) is not None
 
 
 async def test_a_coalescible_snapshot_does_not_wait_for_space(
@@ -251,8 +264,9 @@ async def test_failing_backend_is_surfaced_by_flush_and_callback(
     assert [f.seq for f in info.value.failures] == [first.seq, second.seq]
     assert [f.seq for f in failures] == [first.seq, second.seq]
     assert all(not f.stale for f in failures)
-    assert backend.attempts == 6
-    assert writer.stats.retries == 4
+    assert all(f.attempts == 3 for f in failures)
+    assert backend.attempts == 3  # both records travel in one commit
+    assert writer.stats.retries == 2
     assert writer.stats.failed == 2
     assert backend.commits == []
     # Each failure is reported once; the writer keeps working when the store recovers.
@@ -389,8 +403,47 @@ async def test_per_run_order_across_interleaved_runs(
 
         await asyncio.gather(*(drive(run) for run in runs))
     for run, seqs in submitted.items():
-        written = [seq for head, seq in backend.commits if head == f"checkpoint:{run}:latest"]
-        assert written == seqs
+        heads = [seq for head, seq in backend.commits if head == f"checkpoint:{run}:latest"]
+        # Batches move latest in submit order, ending at the last record...
+        assert heads == sorted(set(heads))
+        assert set(heads) <= set(seqs)
+        assert heads[-1] == seqs[-1]
+        # ...and every record landed with its own seq.
+        for step, seq in enumerate(seqs):
+            stored = await store.get_checkpoint(THREAD, run, step, Phase.STEP_STARTED)
+            assert stored is not None
+            assert stored.seq == seq
+
+
+async def test_without_batching_each_record_is_its_own_commit_in_order(
+    store: MemoryStore, backend: FaultyBackend
+) -> None:
+    cursor = RunCursor(THREAD, "r1")
+    backend.latency = 0.001
+    async with CheckpointWriter(store, max_batch=1) as writer:
+        seqs = []
+        for step in range(10):
+            record = cursor.checkpoint(Phase.STEP_STARTED, step, {})
+            seqs.append(record.seq)
+            await writer.submit(record)
+    assert [seq for _, seq in backend.commits] == seqs
+
+
+async def test_batches_respect_the_byte_cap(store: MemoryStore, backend: FaultyBackend) -> None:
+    cursor = RunCursor(THREAD, "r1")
+    backend.gate.clear()
+    writer = CheckpointWriter(store, max_batch_bytes=3000)
+    try:
+        await writer.submit(cursor.checkpoint(Phase.STEP_STARTED, 0, {}))
+        await backend.entered.wait()
+        for step in range(1, 9):
+            await writer.submit(cursor.checkpoint(Phase.STEP_STARTED, step, {"pad": "x" * 1000}))
+    finally:
+        backend.gate.set()
+    await writer.close()
+    assert writer.stats.written == 9
+    # Two ~1 KiB records fit under 3000 bytes per commit: 1 + 4 commits, never all 8 at once.
+    assert writer.stats.commits == 5
 
 
 async def test_latest_never_goes_backwards_under_async_writes(
