@@ -612,7 +612,9 @@ class SQLBackend:
             "pool_size": self._pool_size,
             "max_overflow": self._max_overflow,
             "pool_recycle": self._pool_recycle,
-            "pool_pre_ping": self._pre_ping,
+            # The asyncpg fast path takes a connection from the pool only when its own
+            # idle ones are used up or flushed after a disconnect: ping it then.
+            "pool_pre_ping": self._pre_ping or self._fast,
             "pool_timeout": self._timeout or 30,
             # Values never appear in SQLAlchemy's error messages or logs.
             "hide_parameters": True,
@@ -1009,16 +1011,21 @@ class SQLBackend:
                 else:  # "count": the command tag ends with the row count ("INSERT 0 1")
                     result = int((await driver.execute(compiled.sql, *args)).rsplit(" ", 1)[-1])
             except BaseException as exc:
-                # A timed-out or cancelled statement may still be in flight: never reuse it.
-                broken = (
-                    driver.is_closed()
-                    or not isinstance(exc, Exception)
-                    or isinstance(exc, (*_OUTAGES, self._driver_interface_error))
+                dead = driver.is_closed() or isinstance(
+                    exc, (OSError, self._driver_interface_error)
                 )
+                # A timed-out or cancelled statement may still be in flight: never reuse it.
+                broken = dead or not isinstance(exc, Exception) or isinstance(exc, _OUTAGES)
                 if broken:
                     await self._discard(lease, broken=True)
                 else:
                     await self._release(lease)
+                if dead:
+                    # A server restart or network cut kills the idle ones too (as
+                    # SQLAlchemy invalidates its whole pool on a disconnect).
+                    idle, self._idle = self._idle, []
+                    for stale in idle:
+                        await self._discard(stale, broken=True, slot=False)
                 if not isinstance(exc, Exception):
                     raise
                 if broken and retry and reused and attempt == 0:

@@ -8,6 +8,7 @@ for redaction.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -69,7 +70,11 @@ async def test_cut_connections_fail_clearly_then_reconnect(
     assert await backend.get(t, "head") == b"1"
     assert await backend.commit(t, [("rec:2", b"2")], "head", b"2", 2)
     assert [k async for k, _ in backend.list(t)] == ["head", "rec:1", "rec:2"]
-    # A read on a dead pooled connection is retried once on a fresh one.
+    # A read on a dead pooled connection is retried once on a fresh one, also when
+    # several pooled connections died at once.
+    proxy.cut()
+    assert await backend.get(t, "head") == b"2"
+    await asyncio.gather(*(backend.get(t, "head") for _ in range(6)))
     proxy.cut()
     assert await backend.get(t, "head") == b"2"
 
@@ -173,8 +178,6 @@ async def test_delete_racing_an_in_flight_commit_leaves_nothing(
 ) -> None:
     """A commit still in flight (a killed client's statement finishing on the server)
     while delete_thread runs: the delete must not leave that commit's records behind."""
-    import asyncio
-
     import asyncpg
 
     url = postgres_server.url.replace("+asyncpg", f"+{driver}")
@@ -206,6 +209,8 @@ async def test_delete_racing_an_in_flight_commit_leaves_nothing(
         assert await raw.fetchval(compiled.sql, *[params[n] for n in compiled.order]) == 1
         deleting = asyncio.create_task(backend.delete_thread(t))
         for _ in range(200):  # until the DELETE waits for the head's row lock
+            # pg_stat_activity is snapshotted once per transaction: clear it each time.
+            await raw.execute("SELECT pg_stat_clear_snapshot()")
             waiting = await raw.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND query LIKE 'DELETE FROM%' AND pid <> pg_backend_pid()"
@@ -214,7 +219,8 @@ async def test_delete_racing_an_in_flight_commit_leaves_nothing(
                 break
             await asyncio.sleep(0.05)
         else:
-            pytest.fail("delete_thread never waited for the in-flight commit's lock")
+            outcome = deleting.exception() if deleting.done() else "still running"
+            pytest.fail(f"delete_thread never waited for the in-flight commit's lock: {outcome!r}")
         await in_flight.commit()
         removed = await deleting
         assert [k async for k, _ in backend.list(t)] == []
