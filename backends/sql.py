@@ -270,7 +270,7 @@ class SQLBackend:
       the migrations table is ``<table>_migrations``.
     * ``schema`` (PostgreSQL): schema for both tables, created if missing.
     * ``pool_size`` (5), ``max_overflow`` (10), ``pool_recycle`` (seconds,
-      1800), ``pool_pre_ping`` (false): the connection pool.
+      1800), ``pool_pre_ping`` (false; always on with asyncpg): the connection pool.
     * ``timeout`` (seconds, 30): connect timeout, and per-statement timeout with asyncpg.
     * ``pgbouncer`` (false): PgBouncer in transaction-pooling mode: every
       statement runs in an explicit transaction, asyncpg's and SQLAlchemy's
