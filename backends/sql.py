@@ -733,8 +733,10 @@ class SQLBackend:
                 packet, log_size = int(limits[0]), int(limits[1] or 0)
                 await conn.commit()
             finally:
-                await conn.execute(select(func.release_lock(name)))
-                await conn.commit()
+                # The lock also ends with the connection; never hide the real error.
+                with contextlib.suppress(Exception):
+                    await conn.execute(select(func.release_lock(name)))
+                    await conn.commit()
         # The driver may double a value while escaping it; InnoDB refuses a row whose
         # blobs exceed 10% of the redo log.
         limit = (packet - 64 * 1024) // 2
