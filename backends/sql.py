@@ -1057,8 +1057,11 @@ class SQLBackend:
 
     async def get(self, thread_id: str, key: str) -> bytes | None:
         """The value under ``key``, or ``None``."""
-        tid, raw_key = self._tid(thread_id), self._key(key)
-        rows = await self._rows("get", self._s_get, {"p_tid": tid, "p_key": raw_key})
+        params = {"p_tid": self._tid(thread_id), "p_key": self._key(key)}
+        if self._fast:  # the value column is NOT NULL: None means no row
+            found = await self._on_driver("get", self._s_get, params, "value", retry=True)
+            return None if found is None else bytes(found)
+        rows = await self._rows("get", self._s_get, params)
         return bytes(rows[0][0]) if rows else None
 
     async def get_many(self, thread_id: str, keys: Sequence[str]) -> builtins.list[bytes | None]:
