@@ -30,7 +30,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -77,6 +77,7 @@ class DemoConfig:
 
     store_url: str
     workdir: str
+    store_options: dict[str, Any] = field(default_factory=dict)  # JSON: sent to the child
     thread_id: str = "demo"
     run_id: str = "demo-run"
     steps: int = 4
@@ -314,7 +315,7 @@ async def _child(config: DemoConfig) -> None:
     async def emit(event: dict[str, Any]) -> None:
         print(EVENT_PREFIX + json.dumps(event, default=str), flush=True)
 
-    async with open_store(config.store_url) as store:
+    async with open_store(config.store_url, **config.store_options) as store:
         await run_agent(store, config, emit)
 
 

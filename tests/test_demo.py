@@ -24,6 +24,8 @@ from checkpoint_stores.cli import demo as demo_cli
 from checkpoint_stores.cli.demo import DemoReport, run_demo
 from checkpoint_stores.demo import KILL_POINTS, DemoConfig, OutsideWorld, plan_step, run_agent
 from checkpoint_stores.effects import output_hash
+from tests.servers import BACKEND_FIXTURES
+from tests.support import ServerInfo
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -192,3 +194,32 @@ def test_cli_rejects_unknown_kill_point() -> None:
     result = CliRunner().invoke(demo_cli.demo, ["--kill-at", "lunch"])
     assert result.exit_code == 2
     assert "tool_effect" in result.output
+
+
+@pytest.fixture(params=[name for name in BACKEND_FIXTURES if name != "memory_server"])
+def server(request: pytest.FixtureRequest) -> ServerInfo:
+    info = request.getfixturevalue(request.param)
+    assert isinstance(info, ServerInfo)
+    return info
+
+
+@pytest.mark.slow
+async def test_demo_resumes_on_every_cross_process_backend(
+    server: ServerInfo, tmp_path: Path
+) -> None:
+    report = await run_demo(
+        store_url=server.url,
+        store_options=server.options,
+        workdir=tmp_path,
+        steps=3,
+        seed=11,
+        kill_at="random",
+        kills=2,
+        rng=random.Random(3),
+    )
+    try:
+        assert report.kills >= 1
+        assert_exactly_once(report)
+    finally:
+        async with open_store(server.url, **server.options) as store:
+            await store.delete_run(report.config.thread_id, report.config.run_id)

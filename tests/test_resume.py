@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from checkpoint_stores.resume import (
     start_run,
 )
 from checkpoint_stores.writer import CheckpointWriter
+from tests.servers import BACKEND_FIXTURES
+from tests.support import ServerInfo
 
 THREAD = "user:42/../%*{t}"
 RUN = "run-7"
@@ -402,3 +405,41 @@ class CountingBackend(MemoryBackend):
         self.reads.append("list")
         async for item in super().list(thread_id, prefix):
             yield item
+
+
+# -- every backend ------------------------------------------------------------------------
+
+
+@pytest.fixture(params=BACKEND_FIXTURES)
+def server(request: pytest.FixtureRequest) -> ServerInfo:
+    info = request.getfixturevalue(request.param)
+    assert isinstance(info, ServerInfo)
+    return info
+
+
+async def test_claims_and_fencing_on_every_backend(server: ServerInfo) -> None:
+    """Racing claimers through separate store objects: distinct epochs, the last one owns it."""
+    thread = f"resume-{uuid.uuid4().hex[:8]}/{{x}}*%"
+    stores = [open_store(server.url, **server.options) for _ in range(4)]
+    try:
+        original = await start_run(stores[0], thread, RUN)
+        await _write_run(stores[0], original, steps=2, stop_after=Phase.PRE_TOOL_BATCH)
+        cursors = await asyncio.gather(*(claim_run(s, thread, RUN) for s in stores))
+        epochs = sorted(c.epoch for c in cursors)
+        assert epochs == [1, 2, 3, 4]
+        owner = next(c for c in cursors if c.epoch == 4)
+        zombie = next(c for c in cursors if c.epoch == 3)
+        with pytest.raises(StaleWriterError):
+            await stores[1].append(zombie.checkpoint(Phase.POST_TOOL_BATCH, 1, {}))
+        with pytest.raises(StaleWriterError):
+            await stores[2].append(original.checkpoint(Phase.POST_TOOL_BATCH, 1, {}))
+        await stores[3].append(owner.checkpoint(Phase.POST_TOOL_BATCH, 1, {}))
+        point = await load_resume_point(stores[0], thread, RUN)
+        assert point.latest.epoch == 4
+        assert point.latest.phase is Phase.POST_TOOL_BATCH
+        assert point.source == "runtime_key"
+        assert point.pending_llm_response is not None
+    finally:
+        await stores[0].delete_thread(thread)
+        for s in stores:
+            await s.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from checkpoint_stores import (
 from checkpoint_stores.resume import RunCursor, claim_run
 from checkpoint_stores.spi import Capabilities
 from checkpoint_stores.writer import CheckpointWriter, WriteFailure
+from tests.servers import BACKEND_FIXTURES
+from tests.support import ServerInfo
 
 THREAD = "t-writer"
 
@@ -521,3 +524,55 @@ async def test_synchronous_mode_writes_in_submit(
     with pytest.raises(StaleWriterError):
         await writer.submit(cursor.checkpoint(Phase.POST_LLM, 0, {}))
     await writer.close()
+
+
+# -- every backend ------------------------------------------------------------------------
+
+
+@pytest.fixture(params=BACKEND_FIXTURES)
+def server(request: pytest.FixtureRequest) -> ServerInfo:
+    info = request.getfixturevalue(request.param)
+    assert isinstance(info, ServerInfo)
+    return info
+
+
+async def test_batched_commits_on_every_backend(server: ServerInfo) -> None:
+    """Batches are multi-record commits: every backend must store all of them, in order."""
+    backend = FaultyBackend(open_backend(server.url, **server.options))
+    store = MemoryStore(backend)
+    thread = f"writer-{uuid.uuid4().hex[:8]}/{{x}}*%"
+    cursor = RunCursor(thread, "run-b")
+    try:
+        await store.setup()
+        backend.gate.clear()
+        writer = CheckpointWriter(store)
+        submitted = []
+        try:
+            for step in range(6):
+                for phase in (Phase.STEP_STARTED, Phase.PRE_LLM, Phase.RUNTIME_STATE):
+                    record = (
+                        snapshot(cursor, step, step)
+                        if phase is Phase.RUNTIME_STATE
+                        else cursor.checkpoint(phase, step, {})
+                    )
+                    submitted.append(record)
+                    await writer.submit(record)
+                if step == 0:
+                    await backend.entered.wait()  # the rest queue up behind a held write
+        finally:
+            backend.gate.set()
+        await writer.close()
+        assert writer.stats.commits < writer.stats.written  # batching really happened
+        latest = await store.latest(thread, "run-b")
+        assert latest.seq == submitted[-1].seq
+        history = await store.history(thread, "run-b")
+        kept = {(r.step, r.phase) for r in history}
+        for record in submitted:
+            if record.phase is not Phase.RUNTIME_STATE:
+                assert (record.step, record.phase) in kept
+        snap = await store.runtime_snapshot(thread, "run-b")
+        assert snap is not None
+        assert snap.payload["context"] == {"m": 5}
+    finally:
+        await store.delete_thread(thread)
+        await store.close()

@@ -234,6 +234,7 @@ async def _reference(config: DemoConfig) -> tuple[dict[str, Any], list[tuple[str
     reference = replace(
         config,
         store_url="memory://",
+        store_options={},
         workdir=str(Path(config.workdir) / "reference"),
         pause_at=None,
     )
@@ -270,6 +271,7 @@ async def run_demo(
     workdir.mkdir(parents=True, exist_ok=True)
     config = DemoConfig(
         store_url=store_url,
+        store_options=dict(store_options or {}),
         workdir=str(workdir / "world"),
         run_id=run_id or f"demo-{uuid.uuid4().hex[:10]}",
         steps=steps,
