@@ -49,6 +49,35 @@ PINNED = {
     "open_backend",
     "open_store",
     "runtime_key",
+    # runtime (issue 4)
+    "CheckpointWriter",
+    "EffectLedger",
+    "EffectOutcome",
+    "EffectStats",
+    "ResumePoint",
+    "RunCursor",
+    "ToolCall",
+    "WriteFailure",
+    "WriterStats",
+    "claim_run",
+    "idempotency_key",
+    "input_hash",
+    "load_resume_point",
+    "output_hash",
+    "start_run",
+    # operations (issue 9)
+    "AESGCMCipher",
+    "CopyReport",
+    "PruneReport",
+    "StoreStats",
+    "ThreadListingUnsupportedError",
+    "collect_stats",
+    "copy_store",
+    "prune",
+    "rotate",
+    # optional SPI extensions
+    "Expirer",
+    "ThreadLister",
 }
 
 
