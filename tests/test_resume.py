@@ -463,7 +463,8 @@ async def test_snapshot_from_a_fenced_out_writer_is_passed_over(store: MemorySto
     point = await load_resume_point(store, THREAD, RUN)
     assert point.snapshot_checkpoint is not None
     assert point.snapshot_checkpoint.seq == good.seq
-    assert point.snapshot is not None and point.snapshot.llm_calls == good.payload["llm_calls"]
+    assert point.snapshot is not None
+    assert point.snapshot.llm_calls == good.payload["llm_calls"]
 
 
 async def test_overwritten_snapshot_without_a_fallback_is_corruption(store: MemoryStore) -> None:
