@@ -33,18 +33,37 @@ _CURRENT_VERSIONS: Final = frozenset({CURRENT_SCHEMA_VERSION, "v2"})
 SUPPORTED_SCHEMA_VERSIONS: Final = _LEGACY_VERSIONS | _CURRENT_VERSIONS
 _CURRENT_NUMBER: Final = int(CURRENT_SCHEMA_VERSION)
 _PHASES: Final = ", ".join(p.value for p in Phase)
+_KNOWN_FIELDS: Final = (
+    "schema_version",
+    "run_id",
+    "thread_id",
+    "phase",
+    "payload",
+    "step",
+    "seq",
+    "timestamp_ms",
+)
 
 
-def _where(thread_id: str | None, run_id: str | None) -> str:
-    parts = []
-    if thread_id is not None:
-        parts.append(f"thread {thread_id!r}")
-    if run_id is not None:
-        parts.append(f"run {run_id!r}")
-    return f"checkpoint record ({', '.join(parts)})" if parts else "checkpoint record"
+class _Where:
+    """The record's lookup context for messages, formatted only when an error needs it."""
+
+    __slots__ = ("run_id", "thread_id")
+
+    def __init__(self, thread_id: str | None, run_id: str | None) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+
+    def __str__(self) -> str:
+        parts = []
+        if self.thread_id is not None:
+            parts.append(f"thread {self.thread_id!r}")
+        if self.run_id is not None:
+            parts.append(f"run {self.run_id!r}")
+        return f"checkpoint record ({', '.join(parts)})" if parts else "checkpoint record"
 
 
-def _version(raw: object, where: str) -> str:
+def _version(raw: object, where: _Where) -> str:
     """Map a stored schema version to "1" (legacy) or the current one, or raise."""
     if raw is None:
         return "1"  # version-less records are AFK's original shape
@@ -70,7 +89,7 @@ def _version(raw: object, where: str) -> str:
     )
 
 
-def _required_str(record: Mapping[str, Any], field: str, where: str) -> str:
+def _required_str(record: Mapping[str, Any], field: str, where: _Where) -> str:
     if field not in record:
         raise AgentCheckpointCorruptionError(f"{where}: missing required field {field!r}")
     value = record[field]
@@ -81,7 +100,7 @@ def _required_str(record: Mapping[str, Any], field: str, where: str) -> str:
     return value
 
 
-def _optional_int(record: Mapping[str, Any], field: str, where: str) -> int:
+def _optional_int(record: Mapping[str, Any], field: str, where: _Where) -> int:
     value = record.get(field, 0)
     if value is None:
         return 0
@@ -121,14 +140,14 @@ def normalize_checkpoint_record(
     ...     thread_id="t1").phase
     <Phase.PRE_LLM: 'pre_llm'>
     """
-    where = _where(thread_id, run_id)
+    where = _Where(thread_id, run_id)
     if raw is None:
         raise CheckpointNotFoundError(
-            f"no checkpoint found for {where.removeprefix('checkpoint record ') or 'this run'}; "
+            f"no checkpoint found for {str(where).removeprefix('checkpoint record ')}; "
             "check the thread and run ids, or start the run anew"
         )
     if isinstance(raw, (bytes, bytearray, memoryview, str)):
-        raw = decode_json_value(raw, what=where)
+        raw = decode_json_value(raw, what=str(where))
     if isinstance(raw, Checkpoint):
         raw = raw.to_record()
     if not isinstance(raw, Mapping):
@@ -190,26 +209,23 @@ def normalize_checkpoint_record(
     step = _optional_int(record, "step", where)
     seq = _optional_int(record, "seq", where)
     timestamp_ms = _optional_int(record, "timestamp_ms", where)
-    for known in (
-        "schema_version",
-        "run_id",
-        "thread_id",
-        "phase",
-        "payload",
-        "step",
-        "seq",
-        "timestamp_ms",
-    ):
+    for known in _KNOWN_FIELDS:
         record.pop(known, None)
-    # model_construct: every field was checked above; extra top-level keys are kept.
-    return Checkpoint.model_construct(
-        schema_version=CURRENT_SCHEMA_VERSION,
-        run_id=rec_run,
-        thread_id=rec_thread,
-        seq=seq,
-        step=step,
-        phase=phase,
-        payload=payload,
-        timestamp_ms=timestamp_ms,
-        **record,
-    )
+    # Every field was checked above; pydantic-core builds the model faster than
+    # model_construct, and extra top-level keys are kept.
+    try:
+        return Checkpoint.model_validate(
+            {
+                "schema_version": CURRENT_SCHEMA_VERSION,
+                "run_id": rec_run,
+                "thread_id": rec_thread,
+                "seq": seq,
+                "step": step,
+                "phase": phase,
+                "payload": payload,
+                "timestamp_ms": timestamp_ms,
+                **record,
+            }
+        )
+    except ValidationError as exc:  # pragma: no cover - the checks above are stricter
+        raise AgentCheckpointCorruptionError(f"{where}: {exc.errors()[:3]}") from None
