@@ -42,8 +42,8 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from bson.int64 import Int64
@@ -72,6 +72,7 @@ from checkpoint_stores.urls import redact_url
 __all__ = ["MongoBackend"]
 
 Document = dict[str, Any]
+_T = TypeVar("_T")
 
 DEFAULT_DATABASE: Final = "checkpoint_stores"
 DEFAULT_COLLECTION: Final = "checkpoints"
@@ -82,14 +83,18 @@ MAX_KEY_BYTES: Final = 16 * 1024
 # MongoDB 4.2 (wire version 8): no index key size limit, transactions on
 # sharded clusters, update pipelines ($$NOW) for expiry.
 MIN_WIRE_VERSION: Final = 8
-# How long a commit keeps retrying transient transaction errors (write
-# conflicts with a concurrent committer of the same run, a primary step-down,
-# a dropped connection) before it gives up with StoreUnavailableError.
-TXN_RETRY_SECONDS: Final = 30.0
+# How long a commit keeps retrying write conflicts before it gives up with
+# StoreUnavailableError. Above mongod's transactionLifetimeLimitSeconds (60): a
+# writer killed inside its transaction leaves it open, holding the run's head,
+# until the server aborts it; the next commit of that run waits that long.
+COMMIT_RETRY_SECONDS: Final = 90.0
 _INDEX_THREAD_KEY: Final = "thread_key"
 _INDEX_TTL: Final = "expires_at_ttl"
-_OUR_OPTIONS: Final = frozenset({"database", "collection", "transactions", "w", "j", "wtimeout"})
+_OUR_OPTIONS: Final = frozenset(
+    {"database", "collection", "transactions", "commit_retry_seconds", "w", "j", "wtimeout"}
+)
 _DUPLICATE_KEY: Final = 11000
+_CHUNK: Final = 1000
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
 _DB_FORBIDDEN: Final = frozenset('/\\. "$*<>:|?\x00')
@@ -124,6 +129,16 @@ def _as_bool(value: Any, name: str) -> bool:
     if text in {"0", "false", "no", "off"}:
         return False
     raise ValueError(f"MongoDB option {name}={value!r} is not a boolean; use true or false")
+
+
+def _seconds(value: Any, name: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"MongoDB option {name}={value!r} must be a number of seconds >= 0")
+    return seconds
 
 
 def _transactions_mode(value: Any) -> bool | None:
@@ -202,6 +217,9 @@ class MongoBackend:
     * ``collection``: collection name (default ``checkpoints``);
     * ``transactions``: ``auto`` (default: use them where the deployment has them),
       ``on`` (refuse to start without them) or ``off``;
+    * ``commit_retry_seconds``: how long a commit retries write conflicts (default 90,
+      above mongod's 60 s ``transactionLifetimeLimitSeconds``: a writer killed inside
+      its transaction holds the run's head until the server aborts it);
     * ``w``, ``j``, ``wtimeout`` (ms): the write concern. Default ``w="majority", j=True``
       unless the URL sets one; ``w=0`` is refused (a commit must know if it won);
     * ``client``: an :class:`pymongo.AsyncMongoClient` of yours to use instead of
@@ -259,6 +277,9 @@ class MongoBackend:
         collection = ours.get("collection", DEFAULT_COLLECTION)
         self.collection = _check_collection_name(self.database, str(collection))
         self._transactions_option = _transactions_mode(ours.get("transactions"))
+        self._commit_retry_seconds = _seconds(
+            ours.get("commit_retry_seconds", COMMIT_RETRY_SECONDS), "commit_retry_seconds"
+        )
         self._write_concern_option = self._parse_write_concern(ours)
         self._client: AsyncMongoClient[Document] | None = client
         self._owns_client = client is None
@@ -566,9 +587,28 @@ class MongoBackend:
     async def _commit_in_transaction(
         self, coll: AsyncCollection[Document], ops: builtins.list[ReplaceOne[Document]]
     ) -> bool:
-        assert self._client is not None
         head_index = len(ops) - 1
-        deadline = time.monotonic() + TXN_RETRY_SECONDS
+
+        async def work(session: AsyncClientSession) -> tuple[bool, bool]:
+            try:
+                await coll.bulk_write(ops, ordered=True, session=session)
+            except (BulkWriteError, DuplicateKeyError) as exc:
+                if isinstance(exc, DuplicateKeyError) or _duplicate_at(exc, head_index):
+                    return False, False  # a newer head exists: abort, undoing our records
+                raise
+            return True, True
+
+        return await self._transaction(coll, work)
+
+    async def _transaction(
+        self,
+        coll: AsyncCollection[Document],
+        work: Callable[[AsyncClientSession], Awaitable[tuple[_T, bool]]],
+    ) -> _T:
+        """Run ``work`` in a transaction, redone on transient errors; it returns
+        ``(result, commit)``, and ``commit=False`` aborts the transaction."""
+        assert self._client is not None
+        deadline = time.monotonic() + self._commit_retry_seconds
         attempt = network_failures = 0
         while True:
             attempt += 1
@@ -578,20 +618,18 @@ class MongoBackend:
                         read_concern=ReadConcern("majority"),
                         write_concern=coll.write_concern,
                     )
-                    try:
-                        await coll.bulk_write(ops, ordered=True, session=session)
-                    except (BulkWriteError, DuplicateKeyError) as exc:
+                    result, commit = await work(session)
+                    if commit:
+                        await self._commit_transaction(session, deadline)
+                    else:
                         await session.abort_transaction()
-                        if isinstance(exc, DuplicateKeyError) or _duplicate_at(exc, head_index):
-                            return False  # a newer head exists; the abort undid our records
-                        raise
-                    await self._commit_transaction(session, deadline)
-                    return True
+                    return result
             except PyMongoError as exc:
-                # Write conflicts with a concurrent committer of the same head or a
-                # step-down: the whole transaction is safe to redo, until the deadline.
-                # A network error is redone once (as retryable writes do): a server that
-                # is down should be reported now, not after the deadline.
+                # Write conflicts with a concurrent committer of the same documents (or a
+                # dead writer's transaction the server has not aborted yet) or a step-down:
+                # the whole transaction is safe to redo, until the deadline. A network
+                # error is redone once (as retryable writes do): a server that is down
+                # should be reported now, not after the deadline.
                 if not exc.has_error_label("TransientTransactionError"):
                     raise
                 if isinstance(exc, ConnectionFailure):
@@ -688,18 +726,41 @@ class MongoBackend:
         return result.deleted_count == 1
 
     async def delete_prefix(self, thread_id: str, prefix: str) -> int:
-        """``delete_many`` over the exact key range."""
+        """Delete the exact key range (in transactions of up to 1,000 keys, if in use)."""
         coll = await self._collection()
         with self._translate("delete_prefix"):
-            result = await coll.delete_many(_thread_filter(thread_id, prefix))
-        return result.deleted_count
+            return await self._delete_where(coll, _thread_filter(thread_id, prefix))
 
     async def delete_thread(self, thread_id: str) -> int:
-        """``delete_many`` on the thread."""
+        """Delete every key of the thread (in transactions of up to 1,000 keys, if in use)."""
         coll = await self._collection()
         with self._translate("delete_thread"):
-            result = await coll.delete_many({"thread": thread_id})
-        return result.deleted_count
+            return await self._delete_where(coll, {"thread": thread_id})
+
+    async def _delete_where(self, coll: AsyncCollection[Document], query: Document) -> int:
+        if not self._use_transactions:
+            return (await coll.delete_many(query)).deleted_count
+
+        # In transactions, so a write conflict with another transaction (a commit in
+        # flight, or one a killed writer left open) is an error the retry loop redoes,
+        # and each chunk is all-or-nothing. A plain delete_many would instead wait
+        # inside the server: on mongod until that transaction ends (at most
+        # transactionLifetimeLimitSeconds), on SecantusDB 0.7.0b3 until some other
+        # transaction command makes it reap the dead one, which may be never.
+        async def chunk(session: AsyncClientSession) -> tuple[tuple[int, bool], bool]:
+            cursor = coll.find(query, {"_id": 1}, session=session).limit(_CHUNK)
+            ids = [doc["_id"] async for doc in cursor]
+            if not ids:
+                return (0, True), False
+            result = await coll.delete_many({"_id": {"$in": ids}}, session=session)
+            return (result.deleted_count, len(ids) < _CHUNK), True
+
+        total = 0
+        while True:
+            deleted, done = await self._transaction(coll, chunk)
+            total += deleted
+            if done:
+                return total
 
     async def expire_prefix(self, thread_id: str, prefix: str, ttl_seconds: float) -> int:
         """Set ``expires_at`` (server clock + ``ttl_seconds``) on every key under ``prefix``.
@@ -715,5 +776,31 @@ class MongoBackend:
         coll = await self._collection()
         expiry = [{"$set": {"expires_at": {"$add": ["$$NOW", round(ttl_seconds * 1000)]}}}]
         with self._translate("expire_prefix"):
-            result = await coll.update_many(_thread_filter(thread_id, prefix), expiry)
-        return result.matched_count
+            if not self._use_transactions:
+                result = await coll.update_many(_thread_filter(thread_id, prefix), expiry)
+                return result.matched_count
+            # Chunks in transactions, for the reason given in _delete_where; paged by key,
+            # since updated documents still match.
+            total, after = 0, None
+            while True:
+                condition: Document = _key_range(prefix) if prefix else {}
+                if after is not None:
+                    condition["$gt"] = after
+                query = {"thread": thread_id, **({"key": condition} if condition else {})}
+
+                async def chunk(
+                    session: AsyncClientSession, query: Document = query
+                ) -> tuple[tuple[int, str | None], bool]:
+                    cursor = coll.find(query, {"_id": 1, "key": 1}, session=session)
+                    docs = [d async for d in cursor.sort([("thread", 1), ("key", 1)]).limit(_CHUNK)]
+                    if not docs:
+                        return (0, None), False
+                    ids = [d["_id"] for d in docs]
+                    result = await coll.update_many({"_id": {"$in": ids}}, expiry, session=session)
+                    last = docs[-1]["key"] if len(docs) == _CHUNK else None
+                    return (result.matched_count, last), True
+
+                matched, after = await self._transaction(coll, chunk)
+                total += matched
+                if after is None:
+                    return total

@@ -142,6 +142,8 @@ def test_keyword_options_override_the_url() -> None:
         ({"w": "0"}, "w=0"),
         ({"j": "maybe"}, "not a boolean"),
         ({"transactions": "sometimes"}, "not a boolean"),
+        ({"commit_retry_seconds": "soon"}, "seconds"),
+        ({"commit_retry_seconds": -1}, "seconds"),
     ],
 )
 def test_bad_options_are_refused_with_guidance(options: dict[str, Any], match: str) -> None:
@@ -735,3 +737,84 @@ async def test_standalone_server_is_detected(standalone_url: str) -> None:
     with pytest.raises(StoreUnavailableError, match="standalone"):
         await forced.setup()
     await forced.close()
+
+
+# -- a writer killed inside its transaction ------------------------------------------
+
+_ORPHAN_CHILD = """
+import sys, time
+from pymongo import MongoClient
+client = MongoClient(sys.argv[1])
+coll = client.get_default_database()[sys.argv[2]]
+session = client.start_session()
+session.start_transaction()
+coll.replace_one({"_id": sys.argv[3]}, {"_id": sys.argv[3], "value": b"orphan"}, upsert=True,
+                 session=session)
+print("in transaction", flush=True)
+time.sleep(600)
+"""
+
+
+async def _leave_orphan_transaction(url: str, collection: str, doc_id: str) -> None:
+    """A child process writes ``doc_id`` in a transaction and is SIGKILLed before committing."""
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _ORPHAN_CHILD,
+        url,
+        collection,
+        doc_id,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"in transaction\n"
+    finally:
+        proc.kill()  # SIGKILL: the transaction stays open on the server
+        await proc.wait()
+
+
+async def test_a_writer_killed_inside_its_transaction_delays_but_never_blocks_others(
+    mongodb_server: ServerInfo, collection_name: str, raw: AsyncCollection[Doc]
+) -> None:
+    from checkpoint_stores.backends.mongodb import _doc_id
+
+    if "SecantusDB" not in mongodb_server.description:
+        pytest.skip("needs the session's SecantusDB (5 s transaction lifetime)")
+    url = mongodb_server.url
+    b = MongoBackend(url, collection=collection_name)
+    await b.put("t", "head", b"plain")
+    await b.put("t", "r0", b"x")
+    await _leave_orphan_transaction(url, collection_name, _doc_id("t", "head"))
+    impatient = MongoBackend(url, collection=collection_name, commit_retry_seconds=0.5)
+    with pytest.raises(StoreUnavailableError, match="WriteConflict"):
+        await impatient.commit("t", [("r", b"x")], "head", b"h", 1)
+    await impatient.close()
+    assert await b.get_many("t", ["r", "head"]) == [None, b"plain"]
+    # The default waits until the server aborts the dead writer's transaction.
+    assert await asyncio.wait_for(b.commit("t", [("r", b"1")], "head", b"h1", 1), 60) is True
+    assert await b.get_many("t", ["r", "head"]) == [b"1", b"h1"]
+    # Deletes run in transactions too: they wait for the dead one to be aborted instead
+    # of blocking inside the server (forever, on SecantusDB, without other transactions).
+    await _leave_orphan_transaction(url, collection_name, _doc_id("t", "head"))
+    assert await asyncio.wait_for(b.delete_thread("t"), 60) == 3
+    assert await _keys(b, "t") == []
+    await b.close()
+
+
+async def test_bulk_deletes_and_expiry_work_in_chunks(
+    any_backend: MongoBackend, raw: AsyncCollection[Doc]
+) -> None:
+    from checkpoint_stores.backends.mongodb import _doc_id
+
+    keys = [f"run:{i:05d}" for i in range(2500)]
+    docs = [{"_id": _doc_id("t", k), "thread": "t", "key": k, "value": b"v"} for k in keys]
+    await raw.insert_many([*docs, {"_id": _doc_id("t", "other"), "thread": "t", "key": "other"}])
+    assert await any_backend.expire_prefix("t", "run:", 3600) == 2500
+    assert await raw.count_documents({"expires_at": {"$exists": True}}) == 2500
+    assert await any_backend.delete_prefix("t", "run:01") == 1000
+    assert await any_backend.delete_prefix("t", "run:") == 1500
+    assert await any_backend.delete_thread("t") == 1
+    assert await raw.count_documents({}) == 0

@@ -123,11 +123,17 @@ def _testcontainers(database: str) -> Iterator[ServerInfo]:
 # The server runs in a child interpreter (a crash there cannot take pytest down).
 # Not the ``secantusd-py`` CLI: in 0.7.0b3 it parses ``[storage] ttl_sweep_seconds``
 # from its config file but never passes it to the server, so expiry would take a
-# minute; the class takes it directly.
+# minute, and it has no transaction lifetime setting; the class takes both.
+# A transaction left open by a killed writer holds its run's head until the server
+# aborts it: 5 s here (mongod: transactionLifetimeLimitSeconds, 60 s by default),
+# so the kit's killed-writer checks do not wait a minute per kill.
 _SECANTUS_CHILD = """
 import signal, sys, threading
 from secantus import SecantusDBServer
-server = SecantusDBServer(sys.argv[1], int(sys.argv[2]), sys.argv[3], ttl_sweep_seconds=1.0)
+host, port, storage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+server = SecantusDBServer(
+    host, port, storage, ttl_sweep_seconds=1.0, transaction_lifetime_seconds=5.0
+)
 server.start()
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
