@@ -325,7 +325,9 @@ class MongoBackend:
         if transactional:
             notes = (
                 "commit is one multi-document transaction (replica set or sharded cluster); "
-                "TTL expiry runs in the server's TTL monitor (about once a minute)"
+                "a writer killed mid-commit holds its run's head until the server aborts its "
+                "transaction (transactionLifetimeLimitSeconds, 60 s by default). TTL expiry "
+                "runs in the server's TTL monitor (about once a minute)"
             )
         else:
             notes = (
