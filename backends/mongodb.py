@@ -696,15 +696,20 @@ class MongoBackend:
         cursor = coll.find(
             _thread_filter(thread_id, prefix), {"_id": 0, "key": 1, "value": 1}
         ).sort([("thread", 1), ("key", 1)])
-        with self._translate("list"):
-            async for doc in cursor:
-                key = doc.get("key")
-                if not isinstance(key, str):
-                    raise AgentCheckpointCorruptionError(
-                        f"MongoDB document in thread {thread_id!r} has a non-string 'key' "
-                        f"({type(key).__name__}); it was changed outside checkpoint-stores"
-                    )
-                yield key, _value_of(doc, thread_id, key)
+        try:
+            with self._translate("list"):
+                async for doc in cursor:
+                    key = doc.get("key")
+                    if not isinstance(key, str):
+                        raise AgentCheckpointCorruptionError(
+                            f"MongoDB document in thread {thread_id!r} has a non-string 'key' "
+                            f"({type(key).__name__}); it was changed outside checkpoint-stores"
+                        )
+                    yield key, _value_of(doc, thread_id, key)
+        finally:
+            # A caller that stops early must not leave a server-side cursor behind.
+            with contextlib.suppress(PyMongoError):
+                await cursor.close()
 
     async def list_threads(self, prefix: str = "") -> AsyncIterator[str]:
         """Distinct thread ids (grouped on the server), sorted."""
@@ -716,9 +721,15 @@ class MongoBackend:
             {"$sort": {"_id": 1}},
         ]
         with self._translate("list_threads"):
-            async for doc in await coll.aggregate(pipeline):
-                if isinstance(doc.get("_id"), str):
-                    yield doc["_id"]
+            cursor = await coll.aggregate(pipeline)
+        try:
+            with self._translate("list_threads"):
+                async for doc in cursor:
+                    if isinstance(doc.get("_id"), str):
+                        yield doc["_id"]
+        finally:
+            with contextlib.suppress(PyMongoError):
+                await cursor.close()
 
     async def delete(self, thread_id: str, key: str) -> bool:
         """``delete_one`` by ``_id``."""

@@ -818,3 +818,35 @@ async def test_bulk_deletes_and_expiry_work_in_chunks(
     assert await any_backend.delete_prefix("t", "run:") == 1500
     assert await any_backend.delete_thread("t") == 1
     assert await raw.count_documents({}) == 0
+
+
+class _StartedCommands(monitoring.CommandListener):
+    """Names of the commands the client sent, in order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.names.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+async def test_stopping_a_listing_early_closes_its_cursor(
+    mongodb_server: ServerInfo, collection_name: str, raw: AsyncCollection[Doc]
+) -> None:
+    sent = _StartedCommands()
+    b = MongoBackend(mongodb_server.url, collection=collection_name, event_listeners=[sent])
+    for i in range(300):  # more than one batch, so a cursor stays open on the server
+        await b.put("t", f"k{i:03d}", b"v")
+    listing = b.list("t")
+    assert await anext(listing) == ("k000", b"v")
+    sent.names.clear()
+    await listing.aclose()
+    assert sent.names == ["killCursors"]
+    assert await _keys(b, "t", "k29") == [f"k29{i}" for i in range(10)]
+    await b.close()
