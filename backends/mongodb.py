@@ -220,8 +220,10 @@ class MongoBackend:
     * ``commit_retry_seconds``: how long a commit retries write conflicts (default 90,
       above mongod's 60 s ``transactionLifetimeLimitSeconds``: a writer killed inside
       its transaction holds the run's head until the server aborts it);
-    * ``w``, ``j``, ``wtimeout`` (ms): the write concern. Default ``w="majority", j=True``
-      unless the URL sets one; ``w=0`` is refused (a commit must know if it won);
+    * ``w``, ``j``, ``wtimeout`` (ms): the write concern; each one given replaces that
+      part of the default ``w="majority", j=True``. Given none, a write concern set on
+      the client (PyMongo's ``journal``/``wTimeoutMS`` URL options, or ``client=``) is
+      used as it is. ``w=0`` is refused (a commit must know if it won);
     * ``client``: an :class:`pymongo.AsyncMongoClient` of yours to use instead of
       opening one (it is not closed by :meth:`close`);
     * any other keyword goes to ``AsyncMongoClient`` (e.g. ``serverSelectionTimeoutMS``).
@@ -252,7 +254,7 @@ class MongoBackend:
                 ours[pairs[0][0]] = pairs[0][1]
             else:
                 driver_query.append(segment)
-        ours.update({k: v for k, v in options.items() if k in _OUR_OPTIONS})
+        ours.update({k: v for k, v in options.items() if k in _OUR_OPTIONS and v is not None})
         client = options.pop("client", None)
         self._driver_options = {k: v for k, v in options.items() if k not in _OUR_OPTIONS}
         if client is not None and not isinstance(client, AsyncMongoClient):
@@ -289,25 +291,30 @@ class MongoBackend:
 
     @staticmethod
     def _parse_write_concern(ours: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The write concern from our options: each one given replaces that part of the
+        default ``{w: "majority", j: true}``; ``None`` if none was given."""
         if not {"w", "j", "wtimeout"} & set(ours):
             return None
-        doc: dict[str, Any] = {}
+        doc: dict[str, Any] = {"w": "majority", "j": True}
         if "w" in ours:
             w = ours["w"]
             doc["w"] = int(w) if isinstance(w, str) and w.isdigit() else w
         if "j" in ours:
             doc["j"] = _as_bool(ours["j"], "j")
-        if "wtimeout" in ours:
-            doc["wtimeout"] = int(ours["wtimeout"])
-        if doc.get("w") == 0:
+        if doc["w"] == 0:
             raise ValueError(
-                "MongoDB option w=0 (unacknowledged writes) cannot tell whether a commit won "
-                "or was fenced out; use w=1 or w='majority' (the default)"
+                "MongoDB option w=0 (unacknowledged writes) cannot tell whether a commit "
+                "won or was fenced out; use w=1 or w='majority' (the default)"
             )
         try:
+            if "wtimeout" in ours:
+                doc["wtimeout"] = int(ours["wtimeout"])
             WriteConcern(**doc)
         except (TypeError, ValueError, PyMongoError) as exc:
-            raise ValueError(f"invalid MongoDB write concern {doc}: {exc}") from None
+            raise ValueError(
+                f"invalid MongoDB write concern {doc}: {exc}; use w=1 or w='majority', "
+                "j=true/false and wtimeout in milliseconds"
+            ) from None
         return doc
 
     def __repr__(self) -> str:

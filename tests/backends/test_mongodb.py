@@ -141,6 +141,8 @@ def test_keyword_options_override_the_url() -> None:
         ({"w": 0}, "w=0"),
         ({"w": "0"}, "w=0"),
         ({"j": "maybe"}, "not a boolean"),
+        ({"wtimeout": "soon"}, "write concern"),
+        ({"w": -1}, "write concern"),
         ({"transactions": "sometimes"}, "not a boolean"),
         ({"commit_retry_seconds": "soon"}, "seconds"),
         ({"commit_retry_seconds": -1}, "seconds"),
@@ -201,17 +203,28 @@ async def test_write_concern_defaults_to_journaled_majority_and_is_configurable(
     assert b._coll.write_concern.document == {"w": "majority", "j": True}
     assert b._coll.read_concern.level == "majority"
     await b.close()
-    b = MongoBackend(mongodb_server.url, collection=collection_name, w=1, j=True, wtimeout=5000)
+    b = MongoBackend(mongodb_server.url, collection=collection_name, w=1, j=False, wtimeout=5000)
     await b.setup()
     assert b._coll is not None
-    assert b._coll.write_concern.document == {"w": 1, "j": True, "wtimeout": 5000}
+    assert b._coll.write_concern.document == {"w": 1, "j": False, "wtimeout": 5000}
+    await b.close()
+    b = MongoBackend(mongodb_server.url + "&wtimeout=2000", collection=collection_name)
+    await b.setup()
+    assert b._coll is not None
+    assert b._coll.write_concern.document == {"w": "majority", "j": True, "wtimeout": 2000}
     await b.close()
     url = mongodb_server.url + "&w=1&readConcernLevel=local"
     b = MongoBackend(url, collection=collection_name)
     await b.setup()
     assert b._coll is not None
-    assert b._coll.write_concern.document == {"w": 1}
+    assert b._coll.write_concern.document == {"w": 1, "j": True}
     assert b._coll.read_concern.level == "local"
+    await b.close()
+    # PyMongo's own URL options set the client's write concern, used as it is.
+    b = MongoBackend(mongodb_server.url + "&journal=false", collection=collection_name)
+    await b.setup()
+    assert b._coll is not None
+    assert b._coll.write_concern.document == {"j": False}
     await b.close()
 
 
