@@ -46,6 +46,10 @@ HOSTILE = [
 ]
 
 
+def _with_query(url: str, extra: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{extra}"
+
+
 def _collection_name() -> str:
     return f"t_{uuid.uuid4().hex[:10]}"
 
@@ -208,12 +212,12 @@ async def test_write_concern_defaults_to_journaled_majority_and_is_configurable(
     assert b._coll is not None
     assert b._coll.write_concern.document == {"w": 1, "j": False, "wtimeout": 5000}
     await b.close()
-    b = MongoBackend(mongodb_server.url + "&wtimeout=2000", collection=collection_name)
+    b = MongoBackend(_with_query(mongodb_server.url, "wtimeout=2000"), collection=collection_name)
     await b.setup()
     assert b._coll is not None
     assert b._coll.write_concern.document == {"w": "majority", "j": True, "wtimeout": 2000}
     await b.close()
-    url = mongodb_server.url + "&w=1&readConcernLevel=local"
+    url = _with_query(mongodb_server.url, "w=1&readConcernLevel=local")
     b = MongoBackend(url, collection=collection_name)
     await b.setup()
     assert b._coll is not None
@@ -221,7 +225,7 @@ async def test_write_concern_defaults_to_journaled_majority_and_is_configurable(
     assert b._coll.read_concern.level == "local"
     await b.close()
     # PyMongo's own URL options set the client's write concern, used as it is.
-    b = MongoBackend(mongodb_server.url + "&journal=false", collection=collection_name)
+    b = MongoBackend(_with_query(mongodb_server.url, "journal=false"), collection=collection_name)
     await b.setup()
     assert b._coll is not None
     assert b._coll.write_concern.document == {"j": False}

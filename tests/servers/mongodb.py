@@ -93,7 +93,7 @@ def _external(url: str, database: str) -> Iterator[ServerInfo]:
         version = _server_version(url)
     except Exception as exc:
         backend_unavailable("mongodb", f"{ENV_URL} server not reachable: {type(exc).__name__}")
-    session_url = _with_database(url, database)
+    session_url = _add_query(_with_database(url, database), _TIMEOUT_QUERY)
     try:
         yield ServerInfo(
             "mongodb",
