@@ -167,14 +167,7 @@ async def claim_run(store: MemoryStore, thread_id: str, run_id: str) -> RunCurso
         epoch = latest.epoch + 1
         # The token makes each claimer's bytes unique, so the "did my earlier attempt
         # land?" check below can never mistake another claimer's win for its own.
-        claim = {
-            "epoch": epoch,
-            "token": uuid.uuid4().hex,
-            "claimed_at_ms": now_ms(),
-            # The seq this content had before any claim re-stamped it: resume uses it to
-            # tell the run's own snapshots from a fenced-out writer's (see _content_seq).
-            "from_seq": _content_seq(latest),
-        }
+        claim = {"epoch": epoch, "token": uuid.uuid4().hex, "claimed_at_ms": now_ms()}
         claimed = latest.model_copy(update={"seq": make_seq(epoch, 0), "claim": claim})
         data = store.encode_checkpoint(claimed)
         if await backend.commit(thread_id, [], head, data, claimed.seq):
@@ -262,20 +255,7 @@ async def load_resume_point(store: MemoryStore, thread_id: str, run_id: str) -> 
         )
     record = await store.runtime_snapshot(thread_id, run_id)
     source: Literal["runtime_key", "v1_scan"] | None = "runtime_key"
-    bound = _content_seq(latest)
-    if record is not None and record.seq > bound:
-        # The runtime key is written in the same commit as latest, so it can never be
-        # ahead of it -- unless a fenced-out writer's commit lost its race after its
-        # records landed (backends without fenced_commit, e.g. S3). Its snapshot is not
-        # part of this run's chain: look for the newest one that is.
-        record = await _scan_v1(store, thread_id, run_id, latest.step, max_seq=bound)
-        if record is None:
-            raise AgentCheckpointCorruptionError(
-                f"run {run_id!r} of thread {thread_id!r}: the runtime snapshot was overwritten "
-                f"by a fenced-out writer (its seq is above latest's {bound}) and no earlier "
-                "snapshot remains. Stop the stale writer; the run must restart from its inputs"
-            )
-    elif record is None:
+    if record is None:
         record = await _scan_v1(store, thread_id, run_id, latest.step)
         source = "v1_scan" if record is not None else None
     snapshot = _snapshot(record, run_id) if record is not None else None
@@ -291,28 +271,10 @@ async def load_resume_point(store: MemoryStore, thread_id: str, run_id: str) -> 
     )
 
 
-def _content_seq(latest: Checkpoint) -> int:
-    """The seq ``latest``'s content was committed with (claims re-stamp seq, not content)."""
-    claim = (latest.model_extra or {}).get("claim")
-    if isinstance(claim, dict):
-        from_seq = claim.get("from_seq")
-        if isinstance(from_seq, int) and not isinstance(from_seq, bool) and from_seq >= 0:
-            return from_seq
-    return latest.seq
-
-
 async def _scan_v1(
-    store: MemoryStore,
-    thread_id: str,
-    run_id: str,
-    from_step: int,
-    *,
-    max_seq: int | None = None,
+    store: MemoryStore, thread_id: str, run_id: str, from_step: int
 ) -> Checkpoint | None:
-    """AFK's lookup without a runtime key: the newest ``runtime_state`` at or below a step.
-
-    With ``max_seq``, records above it (a fenced-out writer's) are passed over.
-    """
+    """AFK's lookup without a runtime key: the newest ``runtime_state`` at or below a step."""
     step = from_step
     while step >= 0:
         steps = list(range(step, max(-1, step - _SCAN_BATCH), -1))
@@ -320,7 +282,7 @@ async def _scan_v1(
             thread_id, run_id, [(s, Phase.RUNTIME_STATE) for s in steps]
         )
         for record in found:
-            if record is not None and (max_seq is None or record.seq <= max_seq):
+            if record is not None:
                 return record
         step -= _SCAN_BATCH
     return None

@@ -443,35 +443,3 @@ async def test_claims_and_fencing_on_every_backend(server: ServerInfo) -> None:
         await stores[0].delete_thread(thread)
         for s in stores:
             await s.close()
-
-
-async def test_snapshot_from_a_fenced_out_writer_is_passed_over(store: MemoryStore) -> None:
-    # On a backend without fenced_commit (S3), a zombie's commit can lose its race
-    # after its records landed, leaving its snapshot under the runtime key. Simulate
-    # exactly that: a claim, then the zombie's runtime record written under the keys.
-    zombie = await start_run(store, THREAD, RUN)
-    await _write_run(store, zombie, steps=3, stop_after=Phase.POST_TOOL_BATCH)
-    good = await store.runtime_snapshot(THREAD, RUN)
-    assert good is not None
-    await claim_run(store, THREAD, RUN)
-    await claim_run(store, THREAD, RUN)  # a second claim must keep the original bound
-    stale = zombie.checkpoint(Phase.RUNTIME_STATE, 5, {"step": 6, "messages": [], "llm_calls": 9})
-    data = store.encode_checkpoint(stale)
-    await store.backend.put(THREAD, runtime_key(RUN), data)
-    await store.backend.put(THREAD, checkpoint_key(RUN, 5, "runtime_state"), data)
-
-    point = await load_resume_point(store, THREAD, RUN)
-    assert point.snapshot_checkpoint is not None
-    assert point.snapshot_checkpoint.seq == good.seq
-    assert point.snapshot is not None
-    assert point.snapshot.llm_calls == good.payload["llm_calls"]
-
-
-async def test_overwritten_snapshot_without_a_fallback_is_corruption(store: MemoryStore) -> None:
-    zombie = await start_run(store, THREAD, RUN)
-    await _write_run(store, zombie, steps=1, stop_after=Phase.PRE_LLM)
-    await claim_run(store, THREAD, RUN)
-    stale = zombie.checkpoint(Phase.RUNTIME_STATE, 4, {"step": 4, "messages": []})
-    await store.backend.put(THREAD, runtime_key(RUN), store.encode_checkpoint(stale))
-    with pytest.raises(AgentCheckpointCorruptionError, match="fenced-out writer"):
-        await load_resume_point(store, THREAD, RUN)
