@@ -187,25 +187,56 @@ class MemoryStore:
     async def commit_checkpoint(self, checkpoint: Checkpoint, data: bytes | None = None) -> bool:
         """Commit one record and move ``latest`` to it; return whether latest moved.
 
-        One backend ``commit``: the record, the runtime key for ``runtime_state``
-        records, and the latest key, guarded by ``seq``. A ``False`` return
-        means a newer writer owns the run and nothing was written. A retry of a
-        commit that already landed (same seq, same bytes) counts as success.
+        See :meth:`commit_checkpoints`, of which this is the one-record case.
         """
-        thread_id = self._thread(checkpoint.thread_id)
-        run_id = validate_run_id(checkpoint.run_id)
+        return await self.commit_checkpoints([(checkpoint, data)])
+
+    async def commit_checkpoints(self, batch: Sequence[tuple[Checkpoint, bytes | None]]) -> bool:
+        """Commit records of one run and move ``latest`` to the last; return whether it moved.
+
+        One backend ``commit``: every record under its step key, the newest
+        ``runtime_state`` record under the runtime key, and the last record under
+        the latest key, guarded by that record's ``seq`` (batching is safe because
+        within an epoch only the run's owner writes, and a newer epoch's seqs are
+        above the whole batch). ``data`` is the record's encoding if already made
+        (``None``: encode here). A ``False`` return means a newer writer owns the
+        run and nothing was written. A retry of a commit that already landed (same
+        seq, same bytes) counts as success.
+
+        On a backend without ``fenced_commit`` (a commit that loses a race may
+        still leave its writes behind, e.g. S3), the runtime key is written only
+        after ``latest`` moved, so a fenced-out writer can never replace the run's
+        runtime snapshot with its own.
+        """
+        if not batch:
+            raise ValueError("commit_checkpoints needs at least one record")
+        last = batch[-1][0]
+        thread_id = self._thread(last.thread_id)
+        run_id = validate_run_id(last.run_id)
         head = self._key(checkpoint_latest_key(run_id))
-        value = data if data is not None else self.encode_checkpoint(checkpoint)
-        record_key = checkpoint_key(run_id, checkpoint.step, checkpoint.phase.value)
-        writes = [(self._key(record_key), value)]
-        if checkpoint.phase is Phase.RUNTIME_STATE:
-            writes.append((self._key(runtime_key(run_id)), value))
+        writes: dict[str, bytes] = {}
+        runtime: bytes | None = None
+        value = b""
+        for checkpoint, data in batch:
+            if checkpoint.run_id != run_id or checkpoint.thread_id != last.thread_id:
+                raise ValueError("commit_checkpoints takes records of one run only")
+            value = data if data is not None else self.encode_checkpoint(checkpoint)
+            step_key = checkpoint_key(run_id, checkpoint.step, checkpoint.phase.value)
+            writes[self._key(step_key)] = value
+            if checkpoint.phase is Phase.RUNTIME_STATE:
+                runtime = value
+        runtime_at = self._key(runtime_key(run_id))
+        fenced = self.capabilities.fenced_commit
+        if runtime is not None and fenced:
+            writes[runtime_at] = runtime
         backend = await self._ready()
-        if await backend.commit(thread_id, writes, head, value, checkpoint.seq):
-            return True
+        moved = await backend.commit(thread_id, list(writes.items()), head, value, last.seq)
         # Idempotent retry: our own earlier attempt may have landed (e.g. a timeout
         # after the server applied it). Same bytes under latest means it did.
-        return await backend.get(thread_id, head) == value
+        moved = moved or await backend.get(thread_id, head) == value
+        if moved and runtime is not None and not fenced:
+            await backend.put(thread_id, runtime_at, runtime)
+        return moved
 
     async def append(self, checkpoint: Checkpoint) -> None:
         """Write ``checkpoint`` and make it the run's latest.

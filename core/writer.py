@@ -62,9 +62,6 @@ from checkpoint_stores.errors import (
     StaleWriterError,
 )
 from checkpoint_stores.keys import (
-    checkpoint_key,
-    checkpoint_latest_key,
-    runtime_key,
     validate_run_id,
     validate_thread_id,
 )
@@ -445,10 +442,7 @@ class CheckpointWriter:
             item.attempts += 1
         first, last = batch[0].checkpoint, batch[-1].checkpoint
         try:
-            if len(batch) == 1:
-                moved = await self.store.commit_checkpoint(first, batch[0].data)
-            else:
-                moved = await self._commit_many(batch)
+            moved = await self.store.commit_checkpoints([(i.checkpoint, i.data) for i in batch])
         except Exception as exc:
             return exc
         if moved:
@@ -464,31 +458,6 @@ class CheckpointWriter:
             f"run's latest is at seq {current}. Another writer (a resumer) owns the run; stop "
             "writing it and load it again to continue"
         )
-
-    async def _commit_many(self, batch: list[_Item]) -> bool:
-        """Several records of one run in one backend commit, latest moved to the newest.
-
-        Safe because seqs are fenced by epoch: within an epoch only this writer
-        writes the run, and a newer epoch's seqs are above the whole batch, so
-        comparing the head with the newest seq decides for every record.
-        """
-        last = batch[-1]
-        run_id, thread_id = last.checkpoint.run_id, last.checkpoint.thread_id
-        writes: dict[str, bytes] = {}
-        for item in batch:
-            cp = item.checkpoint
-            writes[checkpoint_key(run_id, cp.step, cp.phase.value)] = item.data
-            if cp.phase is Phase.RUNTIME_STATE:
-                writes[runtime_key(run_id)] = item.data
-        head = checkpoint_latest_key(run_id)
-        await self.store.setup()
-        backend = self.store.backend
-        if await backend.commit(
-            thread_id, list(writes.items()), head, last.data, last.checkpoint.seq
-        ):
-            return True
-        # An earlier attempt of this very commit may have landed (a retried timeout).
-        return await backend.get(thread_id, head) == last.data
 
     def _is_final(self, error: Exception, item: _Item) -> bool:
         if isinstance(error, (StaleWriterError, AgentCheckpointCorruptionError)):

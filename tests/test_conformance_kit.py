@@ -15,7 +15,7 @@ from checkpoint_stores.conformance.latest import Attempt, commit_history_problem
 from checkpoint_stores.conformance.results import CheckResult, StoreResults
 
 CLI = str(Path(sys.executable).with_name("checkpoint-stores"))
-README = Path(__file__).resolve().parents[1] / "docs" / "readme" / "conformance.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
 
 
 # -- fork and backwards detection ---------------------------------------------------------

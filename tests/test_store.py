@@ -330,3 +330,63 @@ async def test_setup_is_lazy_and_idempotent(tmp_path: Path) -> None:
 def test_repr_names_the_store(tmp_path: Path) -> None:
     assert repr(open_store(f"file://{tmp_path}")) == f"<MemoryStore file://{tmp_path}>"
     assert repr(MemoryStore(MemoryBackend())) == "<MemoryStore MemoryBackend>"
+
+
+class LeakyRaceBackend(MemoryBackend):
+    """memory:// behaving like a backend without fenced_commit (S3) that loses a race.
+
+    Its commit stores the writes, then finds the head taken and returns False: what
+    a fenced-out writer's commit does on S3 when another writer moves latest between
+    its records and its conditional head write.
+    """
+
+    capabilities = Capabilities(atomic_commit=False, fenced_commit=False)
+    lose_races = False
+
+    async def commit(self, thread_id, writes, head_key, head_value, seq):  # type: ignore[no-untyped-def]
+        if not self.lose_races:
+            return await super().commit(thread_id, writes, head_key, head_value, seq)
+        for key, value in writes:
+            await self.put(thread_id, key, value)
+        return False
+
+
+async def test_a_fenced_out_writer_never_replaces_the_runtime_snapshot() -> None:
+    backend = LeakyRaceBackend()
+    store = MemoryStore(backend)
+    await store.append(cp(1, Phase.RUNTIME_STATE, payload={"step": 1, "messages": []}))
+    runtime_before = await backend.get(T, "checkpoint:run-1:runtime")
+    assert runtime_before is not None
+
+    backend.lose_races = True
+    with pytest.raises(StaleWriterError):
+        await store.append(cp(2, Phase.RUNTIME_STATE, payload={"step": 2, "messages": []}))
+    # Its step record leaked (that is what "not fenced" means), the runtime key did not.
+    assert await backend.get(T, checkpoint_key(R, 2, "runtime_state")) is not None
+    assert await backend.get(T, "checkpoint:run-1:runtime") == runtime_before
+    snapshot = await store.runtime_snapshot(T, R)
+    assert snapshot is not None
+    assert snapshot.seq == 1
+
+    backend.lose_races = False
+    await store.append(cp(3, Phase.RUNTIME_STATE, payload={"step": 3, "messages": []}))
+    snapshot = await store.runtime_snapshot(T, R)
+    assert snapshot is not None
+    assert snapshot.seq == 3
+
+
+async def test_commit_checkpoints_batches_one_run(store: MemoryStore) -> None:
+    batch = [
+        (cp(1, Phase.STEP_STARTED), None),
+        (cp(2, Phase.RUNTIME_STATE, payload={"step": 2, "messages": []}), None),
+        (cp(3, Phase.PRE_TOOL_BATCH), None),
+    ]
+    assert await store.commit_checkpoints(batch)
+    assert (await store.latest(T, R)).seq == 3
+    snapshot = await store.runtime_snapshot(T, R)
+    assert snapshot is not None
+    assert snapshot.seq == 2
+    assert [c.seq for c in await store.history(T, R)] == [1, 2, 3]
+    assert not await store.commit_checkpoints([(cp(3, Phase.POST_TOOL_BATCH), None)])
+    with pytest.raises(ValueError, match="one run"):
+        await store.commit_checkpoints([(cp(4), None), (cp(5, run_id="other"), None)])
