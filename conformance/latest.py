@@ -53,6 +53,10 @@ class Attempt:
     end: float
 
 
+# Seqs the next writer skips after a kill: above any commit still in flight.
+_KILLED_WRITER_SEQ_GAP = 1000
+
+
 def commit_history_problems(attempts: Sequence[Attempt]) -> list[str]:
     """Forks and backward moves in a history of racing commits (empty if none).
 
@@ -512,11 +516,25 @@ class LatestChecks:
                 await asyncio.sleep(ctx.rng.random() * 0.01)
                 worker.kill()
             try:
-                latest = await ctx.store.latest(thread, run)
+                latest = await self._settled_latest(ctx, thread, run)
             except AgentCheckpointCorruptionError as exc:
                 ctx.fail(f"after a writer process was killed, latest does not decode: {exc}")
             await verify(latest)
-            next_seq = latest.seq + 1
+            # A request the killed process had already sent may still be applied by the
+            # server later; start the next writer far above anything it could have sent.
+            next_seq = latest.seq + _KILLED_WRITER_SEQ_GAP
+
+    @staticmethod
+    async def _settled_latest(ctx: CheckContext, thread: str, run: str) -> Checkpoint:
+        """Latest once it stopped changing (a killed client's last request may land late)."""
+        latest = await ctx.store.latest(thread, run)
+        for _ in range(20):
+            await asyncio.sleep(0.3)
+            again = await ctx.store.latest(thread, run)
+            if again.seq == latest.seq:
+                return again
+            latest = again
+        return latest
 
     @check("latest.killed_writer_head_names_existing_record", needs=("cross_process",))
     async def test_latest_killed_writer_head_names_existing_record(self, ctx: CheckContext) -> None:
