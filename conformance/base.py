@@ -37,7 +37,7 @@ from checkpoint_stores.conformance.replay import ReplayChecks
 from checkpoint_stores.conformance.results import STORE_STASH, StoreDescription
 from checkpoint_stores.conformance.spi import SpiChecks
 from checkpoint_stores.conformance.stateful import StatefulChecks
-from checkpoint_stores.spi import ThreadLister
+from checkpoint_stores.spi import Capabilities, ThreadLister
 from checkpoint_stores.urls import redact_url, scheme_of
 
 __all__ = ["ConformanceTarget", "StoreConformance", "describe_store"]
@@ -54,26 +54,35 @@ _WHY: dict[str, str] = {
 
 
 def describe_store(url: str, options: dict[str, Any]) -> StoreDescription:
-    """Open ``url`` (without connecting) and describe it: plugin, version, capabilities."""
+    """Open and set up ``url``, then describe it: plugin, version, capabilities.
+
+    Capabilities are read after ``setup()`` because a backend may refine them
+    from what it finds on the server (MongoDB: whether transactions exist).
+    """
     backend = open_backend(url, **options)
-    try:
-        entry = get_registry().entry(scheme_of(url))
-        caps = backend.capabilities
-        capabilities = asdict(caps)
-        capabilities["divergences"] = sorted(caps.divergences)
-        return StoreDescription(
-            label=redact_url(url),
-            scheme=scheme_of(url),
-            backend=f"{type(backend).__module__}:{type(backend).__qualname__}",
-            plugin=entry.plugin,
-            distribution=entry.distribution,
-            version=entry.version,
-            capabilities=capabilities,
-            thread_lister=isinstance(backend, ThreadLister),
-        )
-    finally:
-        with contextlib.suppress(Exception):
-            asyncio.run(backend.close())
+
+    async def capabilities_after_setup() -> Capabilities:
+        try:
+            await backend.setup()
+            return backend.capabilities
+        finally:
+            with contextlib.suppress(Exception):
+                await backend.close()
+
+    caps = asyncio.run(capabilities_after_setup())
+    entry = get_registry().entry(scheme_of(url))
+    capabilities = asdict(caps)
+    capabilities["divergences"] = sorted(caps.divergences)
+    return StoreDescription(
+        label=redact_url(url),
+        scheme=scheme_of(url),
+        backend=f"{type(backend).__module__}:{type(backend).__qualname__}",
+        plugin=entry.plugin,
+        distribution=entry.distribution,
+        version=entry.version,
+        capabilities=capabilities,
+        thread_lister=isinstance(backend, ThreadLister),
+    )
 
 
 @dataclass(frozen=True)

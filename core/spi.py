@@ -24,6 +24,8 @@ __all__ = ["Capabilities", "Expirer", "StorageBackend", "ThreadLister"]
 class Capabilities:
     """What a backend guarantees, declared as data.
 
+    A backend may refine its capabilities in ``setup()`` from what it finds on
+    the server (MongoDB: whether transactions exist), so read them after setup.
     The facade uses it at runtime (size checks) and the conformance kit uses it
     to decide which guarantees to test: a test needing an undeclared capability
     is skipped with the reason, and every name in ``divergences`` runs as a

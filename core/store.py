@@ -226,10 +226,10 @@ class MemoryStore:
             if checkpoint.phase is Phase.RUNTIME_STATE:
                 runtime = value
         runtime_at = self._key(runtime_key(run_id))
+        backend = await self._ready()  # capabilities may be refined by setup()
         fenced = self.capabilities.fenced_commit
         if runtime is not None and fenced:
             writes[runtime_at] = runtime
-        backend = await self._ready()
         moved = await backend.commit(thread_id, list(writes.items()), head, value, last.seq)
         # Idempotent retry: our own earlier attempt may have landed (e.g. a timeout
         # after the server applied it). Same bytes under latest means it did.
