@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from benchmarks._harness import Report, Result
 from checkpoint_stores import MemoryStore, Phase, StorageBackend, open_backend
 from checkpoint_stores.resume import RunCursor
-from checkpoint_stores.spi import Capabilities
+from checkpoint_stores.spi import DelegatingBackend
 from checkpoint_stores.writer import CheckpointWriter
 
 STEPS: Final = 20
@@ -42,29 +42,13 @@ ROUNDS: Final = 7
 TARGET: Final = 1 / 1.2
 
 
-class LatencyBackend:
+class LatencyBackend(DelegatingBackend):
     """memory:// with a fixed delay on every write (commit, put, create)."""
 
     def __init__(self, inner: StorageBackend, latency: float) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.latency = latency
         self.writes = 0
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
-
-    async def setup(self) -> None:
-        await self.inner.setup()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def get(self, thread_id: str, key: str) -> bytes | None:
-        return await self.inner.get(thread_id, key)
-
-    async def get_many(self, thread_id: str, keys: Sequence[str]) -> list[bytes | None]:
-        return await self.inner.get_many(thread_id, keys)
 
     async def put(self, thread_id: str, key: str, value: bytes) -> None:
         await self._delay()
@@ -84,18 +68,6 @@ class LatencyBackend:
     ) -> bool:
         await self._delay()
         return await self.inner.commit(thread_id, writes, head_key, head_value, seq)
-
-    def list(self, thread_id: str, prefix: str = "") -> AsyncIterator[tuple[str, bytes]]:
-        return self.inner.list(thread_id, prefix)
-
-    async def delete(self, thread_id: str, key: str) -> bool:
-        return await self.inner.delete(thread_id, key)
-
-    async def delete_prefix(self, thread_id: str, prefix: str) -> int:
-        return await self.inner.delete_prefix(thread_id, prefix)
-
-    async def delete_thread(self, thread_id: str) -> int:
-        return await self.inner.delete_thread(thread_id)
 
     async def _delay(self) -> None:
         self.writes += 1

@@ -69,7 +69,13 @@ from checkpoint_stores.schema import (
     Phase,
     RuntimeSnapshot,
 )
-from checkpoint_stores.spi import Capabilities, Expirer, StorageBackend, ThreadLister
+from checkpoint_stores.spi import (
+    Capabilities,
+    DelegatingBackend,
+    Expirer,
+    StorageBackend,
+    ThreadLister,
+)
 from checkpoint_stores.stats import StoreStats, collect_stats
 from checkpoint_stores.store import MemoryStore, open_store
 from checkpoint_stores.writer import CheckpointWriter, WriteFailure, WriterStats
@@ -93,6 +99,7 @@ __all__ = [
     "Codec",
     "CopyReport",
     "DecryptionError",
+    "DelegatingBackend",
     "EffectConflictError",
     "EffectInDoubtError",
     "EffectIntegrityError",

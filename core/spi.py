@@ -13,11 +13,12 @@ reference implementation; start a new backend by copying it.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Capabilities", "Expirer", "StorageBackend", "ThreadLister"]
+__all__ = ["Capabilities", "DelegatingBackend", "Expirer", "StorageBackend", "ThreadLister"]
 
 
 @dataclass(frozen=True)
@@ -161,3 +162,82 @@ class Expirer(Protocol):
     async def expire_prefix(self, thread_id: str, prefix: str, ttl_seconds: float) -> int:
         """Make every key under ``prefix`` expire in ``ttl_seconds``; return how many keys."""
         ...
+
+
+class DelegatingBackend:
+    """A backend that forwards every SPI call to ``inner``: subclass it to wrap one.
+
+    Override only what the wrapper changes (count commits, add latency, inject a
+    failure, record calls); everything else reaches the real backend untouched.
+    The optional extensions (``list_threads``, ``expire_prefix``) are not
+    forwarded, so a wrapper exposes them only if it defines them.
+
+    >>> class Counting(DelegatingBackend):
+    ...     commits = 0
+    ...     async def commit(self, thread_id, writes, head_key, head_value, seq):
+    ...         self.commits += 1
+    ...         return await super().commit(thread_id, writes, head_key, head_value, seq)
+    """
+
+    def __init__(self, inner: StorageBackend) -> None:
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The wrapped backend's capabilities."""
+        return self.inner.capabilities
+
+    async def setup(self) -> None:
+        """Set the wrapped backend up."""
+        await self.inner.setup()
+
+    async def close(self) -> None:
+        """Close the wrapped backend."""
+        await self.inner.close()
+
+    async def get(self, thread_id: str, key: str) -> bytes | None:
+        """Forwarded ``get``."""
+        return await self.inner.get(thread_id, key)
+
+    async def get_many(self, thread_id: str, keys: Sequence[str]) -> builtins.list[bytes | None]:
+        """Forwarded ``get_many``."""
+        return await self.inner.get_many(thread_id, keys)
+
+    async def put(self, thread_id: str, key: str, value: bytes) -> None:
+        """Forwarded ``put``."""
+        await self.inner.put(thread_id, key, value)
+
+    async def create(self, thread_id: str, key: str, value: bytes) -> bool:
+        """Forwarded ``create``."""
+        return await self.inner.create(thread_id, key, value)
+
+    async def commit(
+        self,
+        thread_id: str,
+        writes: Sequence[tuple[str, bytes]],
+        head_key: str,
+        head_value: bytes,
+        seq: int,
+    ) -> bool:
+        """Forwarded ``commit``."""
+        return await self.inner.commit(thread_id, writes, head_key, head_value, seq)
+
+    async def list(self, thread_id: str, prefix: str = "") -> AsyncIterator[tuple[str, bytes]]:
+        """Forwarded ``list``."""
+        async for item in self.inner.list(thread_id, prefix):
+            yield item
+
+    async def delete(self, thread_id: str, key: str) -> bool:
+        """Forwarded ``delete``."""
+        return await self.inner.delete(thread_id, key)
+
+    async def delete_prefix(self, thread_id: str, prefix: str) -> int:
+        """Forwarded ``delete_prefix``."""
+        return await self.inner.delete_prefix(thread_id, prefix)
+
+    async def delete_thread(self, thread_id: str) -> int:
+        """Forwarded ``delete_thread``."""
+        return await self.inner.delete_thread(thread_id)

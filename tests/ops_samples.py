@@ -10,7 +10,7 @@ import pytest
 
 from checkpoint_stores import Checkpoint, EffectRecord, MemoryStore, Phase, effect_key
 from checkpoint_stores.errors import StoreUnavailableError
-from checkpoint_stores.spi import Capabilities, StorageBackend
+from checkpoint_stores.spi import DelegatingBackend, StorageBackend
 from tests.servers import BACKEND_FIXTURES
 from tests.support import ServerInfo
 
@@ -110,29 +110,13 @@ async def dump(store: MemoryStore, threads: Iterable[str]) -> dict[str, list[tup
     return out
 
 
-class UnlistedBackend:
+class UnlistedBackend(DelegatingBackend):
     """A real backend seen through a wrapper that forwards the SPI but not ``list_threads``."""
 
     def __init__(self, inner: StorageBackend) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.puts = 0
         self.keys_written = 0
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
-
-    async def setup(self) -> None:
-        await self.inner.setup()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def get(self, thread_id: str, key: str) -> bytes | None:
-        return await self.inner.get(thread_id, key)
-
-    async def get_many(self, thread_id: str, keys: Sequence[str]) -> list[bytes | None]:
-        return await self.inner.get_many(thread_id, keys)
 
     def _before_write(self, count: int) -> None:
         """Hook for subclasses: raise here to fail a write before it reaches the server."""
@@ -160,19 +144,6 @@ class UnlistedBackend:
         if moved:
             self.keys_written += len(writes) + 1
         return moved
-
-    async def list(self, thread_id: str, prefix: str = "") -> AsyncIterator[tuple[str, bytes]]:
-        async for item in self.inner.list(thread_id, prefix):
-            yield item
-
-    async def delete(self, thread_id: str, key: str) -> bool:
-        return await self.inner.delete(thread_id, key)
-
-    async def delete_prefix(self, thread_id: str, prefix: str) -> int:
-        return await self.inner.delete_prefix(thread_id, prefix)
-
-    async def delete_thread(self, thread_id: str) -> int:
-        return await self.inner.delete_thread(thread_id)
 
 
 class WrappedBackend(UnlistedBackend):

@@ -75,7 +75,8 @@ PINNED = {
     "copy_store",
     "prune",
     "rotate",
-    # optional SPI extensions
+    # SPI helpers and optional extensions
+    "DelegatingBackend",
     "Expirer",
     "ThreadLister",
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from checkpoint_stores import (
     runtime_key,
 )
 from checkpoint_stores.resume import RunCursor, claim_run
-from checkpoint_stores.spi import Capabilities
+from checkpoint_stores.spi import DelegatingBackend
 from checkpoint_stores.writer import CheckpointWriter, WriteFailure
 from tests.servers import BACKEND_FIXTURES
 from tests.support import ServerInfo
@@ -42,11 +42,11 @@ THREAD = "t-writer"
 pytestmark = pytest.mark.timeout(60)
 
 
-class FaultyBackend:
+class FaultyBackend(DelegatingBackend):
     """Delegates to a real backend; counts commits and can hold, delay or fail them."""
 
     def __init__(self, inner: StorageBackend) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.commits: list[tuple[str, int]] = []  # (head_key, seq) of commits that reached inner
         self.attempts = 0
         self.fail_next = 0  # fail this many commits, then succeed
@@ -55,28 +55,6 @@ class FaultyBackend:
         self.gate.set()
         self.entered = asyncio.Event()  # set when a commit is waiting at a closed gate
         self.latency = 0.0
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
-
-    async def setup(self) -> None:
-        await self.inner.setup()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def get(self, thread_id: str, key: str) -> bytes | None:
-        return await self.inner.get(thread_id, key)
-
-    async def get_many(self, thread_id: str, keys: Sequence[str]) -> list[bytes | None]:
-        return await self.inner.get_many(thread_id, keys)
-
-    async def put(self, thread_id: str, key: str, value: bytes) -> None:
-        await self.inner.put(thread_id, key, value)
-
-    async def create(self, thread_id: str, key: str, value: bytes) -> bool:
-        return await self.inner.create(thread_id, key, value)
 
     async def commit(
         self,
@@ -99,18 +77,6 @@ class FaultyBackend:
         if moved:
             self.commits.append((head_key, seq))
         return moved
-
-    def list(self, thread_id: str, prefix: str = "") -> AsyncIterator[tuple[str, bytes]]:
-        return self.inner.list(thread_id, prefix)
-
-    async def delete(self, thread_id: str, key: str) -> bool:
-        return await self.inner.delete(thread_id, key)
-
-    async def delete_prefix(self, thread_id: str, prefix: str) -> int:
-        return await self.inner.delete_prefix(thread_id, prefix)
-
-    async def delete_thread(self, thread_id: str) -> int:
-        return await self.inner.delete_thread(thread_id)
 
 
 @pytest.fixture(params=["memory", "file"])
