@@ -47,6 +47,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, unquote
 
 from checkpoint_stores.errors import AgentCheckpointCorruptionError, StoreUnavailableError
+from checkpoint_stores.options import option_bool
 from checkpoint_stores.spi import Capabilities
 from checkpoint_stores.urls import redact_url
 
@@ -95,12 +96,6 @@ def _parse_options(query: str, options: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() not in {"0", "false", "no", "off"}
-    return bool(value)
-
-
 class FileBackend:
     """A directory tree of fsync'd files. Durable, cross-process, fenced.
 
@@ -138,7 +133,7 @@ class FileBackend:
             raise TypeError(f"file:// does not take options {sorted(unknown)}; it takes: fsync")
         self.url = url
         self.root = Path(unquote(path_part)).expanduser().resolve()
-        self._fsync = _as_bool(opts.get("fsync", True))
+        self._fsync = option_bool(opts.get("fsync", True), "fsync", scheme="file://")
         self._threads_dir = self.root / "threads"
         # One asyncio lock per run head, so pool threads do not queue on flock.
         self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (

@@ -66,6 +66,7 @@ from pymongo.write_concern import WriteConcern
 from checkpoint_stores import __version__
 from checkpoint_stores.errors import AgentCheckpointCorruptionError, StoreUnavailableError
 from checkpoint_stores.keys import prefix_upper_bound
+from checkpoint_stores.options import option_bool, option_seconds
 from checkpoint_stores.spi import Capabilities
 from checkpoint_stores.urls import redact_url
 
@@ -120,32 +121,11 @@ def _thread_filter(thread_id: str, prefix: str) -> Document:
     return {"thread": thread_id, "key": _key_range(prefix)}
 
 
-def _as_bool(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in {"1", "true", "yes", "on"}:
-        return True
-    if text in {"0", "false", "no", "off"}:
-        return False
-    raise ValueError(f"MongoDB option {name}={value!r} is not a boolean; use true or false")
-
-
-def _seconds(value: Any, name: str) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"MongoDB option {name}={value!r} must be a number of seconds >= 0")
-    return seconds
-
-
 def _transactions_mode(value: Any) -> bool | None:
     """``None`` for auto (decided by ``hello`` at setup), else forced on or off."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return None
-    return _as_bool(value, "transactions")
+    return option_bool(value, "transactions", scheme="mongodb://")
 
 
 def _check_database_name(name: str) -> str:
@@ -279,8 +259,10 @@ class MongoBackend:
         collection = ours.get("collection", DEFAULT_COLLECTION)
         self.collection = _check_collection_name(self.database, str(collection))
         self._transactions_option = _transactions_mode(ours.get("transactions"))
-        self._commit_retry_seconds = _seconds(
-            ours.get("commit_retry_seconds", COMMIT_RETRY_SECONDS), "commit_retry_seconds"
+        self._commit_retry_seconds = option_seconds(
+            ours.get("commit_retry_seconds", COMMIT_RETRY_SECONDS),
+            "commit_retry_seconds",
+            scheme="mongodb://",
         )
         self._write_concern_option = self._parse_write_concern(ours)
         self._client: AsyncMongoClient[Document] | None = client
@@ -300,7 +282,7 @@ class MongoBackend:
             w = ours["w"]
             doc["w"] = int(w) if isinstance(w, str) and w.isdigit() else w
         if "j" in ours:
-            doc["j"] = _as_bool(ours["j"], "j")
+            doc["j"] = option_bool(ours["j"], "j", scheme="mongodb://")
         if doc["w"] == 0:
             raise ValueError(
                 "MongoDB option w=0 (unacknowledged writes) cannot tell whether a commit "

@@ -72,6 +72,12 @@ from redis.commands.core import AsyncScript
 
 from checkpoint_stores.errors import AgentCheckpointCorruptionError, StoreUnavailableError
 from checkpoint_stores.keys import prefix_upper_bound
+from checkpoint_stores.options import (
+    option_bool,
+    option_int,
+    option_optional_seconds,
+    option_seconds,
+)
 from checkpoint_stores.spi import Capabilities
 from checkpoint_stores.urls import redact_url
 
@@ -333,28 +339,6 @@ def _lex_range(prefix: str) -> tuple[bytes, bytes]:
 
 
 # -- options ----------------------------------------------------------------------------
-def _seconds(name: str, value: Any, *, allow_none: bool = False) -> float | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none"}):
-        if allow_none:
-            return None
-        raise ValueError(f"redis option {name} needs a number of seconds")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"redis option {name}={value!r} is not a number of seconds") from None
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"redis option {name}={value!r} must be a finite number >= 0")
-    return number
-
-
-def _count(name: str, value: Any, minimum: int) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"redis option {name}={value!r} is not an integer") from None
-    if number < minimum:
-        raise ValueError(f"redis option {name}={value!r} must be >= {minimum}")
-    return number
 
 
 _OWN_OPTIONS: Final = frozenset(
@@ -480,22 +464,30 @@ class RedisBackend:
                 "(braces would change the hash slot on Redis Cluster); e.g. 'myapp:'"
             )
         self.key_prefix: str = prefix
-        ttl = _seconds("ttl", opts.get("ttl"), allow_none=True)
+        ttl = option_optional_seconds(opts.get("ttl"), "ttl", scheme="redis://")
         self.ttl: float | None = ttl or None
         self._ttl_ms = 0 if not ttl else max(1, math.ceil(ttl * 1000))
-        self._retries = _count("retries", opts.get("retries", 5), 0)
-        self._backoff = _seconds("retry_backoff", opts.get("retry_backoff", 0.05)) or 0.0
-        self._backoff_cap = _seconds("retry_backoff_cap", opts.get("retry_backoff_cap", 2.0)) or 0.0
-        self._max_connections = _count("max_connections", opts.get("max_connections", 50), 1)
-        self._pool_timeout = _seconds("pool_timeout", opts.get("pool_timeout", 10.0))
-        self._socket_timeout = _seconds(
-            "socket_timeout", opts.get("socket_timeout", 10.0), allow_none=True
+        self._retries = option_int(opts.get("retries", 5), "retries", scheme="redis://")
+        self._backoff = option_seconds(
+            opts.get("retry_backoff", 0.05), "retry_backoff", scheme="redis://"
         )
-        self._connect_timeout = _seconds(
-            "socket_connect_timeout", opts.get("socket_connect_timeout", 5.0), allow_none=True
+        self._backoff_cap = option_seconds(
+            opts.get("retry_backoff_cap", 2.0), "retry_backoff_cap", scheme="redis://"
         )
-        self._health_check = _seconds(
-            "health_check_interval", opts.get("health_check_interval", 0.0)
+        self._max_connections = option_int(
+            opts.get("max_connections", 50), "max_connections", scheme="redis://", minimum=1
+        )
+        self._pool_timeout = option_seconds(
+            opts.get("pool_timeout", 10.0), "pool_timeout", scheme="redis://"
+        )
+        self._socket_timeout = option_optional_seconds(
+            opts.get("socket_timeout", 10.0), "socket_timeout", scheme="redis://"
+        )
+        self._connect_timeout = option_optional_seconds(
+            opts.get("socket_connect_timeout", 5.0), "socket_connect_timeout", scheme="redis://"
+        )
+        self._health_check = option_seconds(
+            opts.get("health_check_interval", 0.0), "health_check_interval", scheme="redis://"
         )
         # Driver options from the query go through redis-py's URL parser (it types
         # them); keyword ones are passed as given.
@@ -505,10 +497,13 @@ class RedisBackend:
         self._driver_options = {k: v for k, v in options.items() if k in _DRIVER_OPTIONS}
         # Options can arrive as strings (CLI ``-o key=value``): type the non-string ones.
         if isinstance(self._driver_options.get("ssl_check_hostname"), str):
-            flag = self._driver_options["ssl_check_hostname"].strip().lower()
-            self._driver_options["ssl_check_hostname"] = flag not in {"0", "false", "no", "off"}
+            self._driver_options["ssl_check_hostname"] = option_bool(
+                self._driver_options["ssl_check_hostname"], "ssl_check_hostname", scheme="redis://"
+            )
         if isinstance(self._driver_options.get("db"), str):
-            self._driver_options["db"] = _count("db", self._driver_options["db"], 0)
+            self._driver_options["db"] = option_int(
+                self._driver_options["db"], "db", scheme="redis://"
+            )
         self._password = opts.get("password")
         self._location = location
         if self.cluster:

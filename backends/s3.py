@@ -49,12 +49,13 @@ import hashlib
 import random
 import secrets
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from checkpoint_stores.errors import AgentCheckpointCorruptionError, StoreUnavailableError
+from checkpoint_stores.options import option_bool, option_int, option_seconds
 from checkpoint_stores.spi import Capabilities
 from checkpoint_stores.urls import redact_url
 
@@ -261,24 +262,6 @@ def _head_seq(metadata: dict[str, str], where: str) -> int | None:
 # -- options --------------------------------------------------------------------
 
 
-def _as_bool(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in {"1", "true", "yes", "on"}:
-        return True
-    if text in {"0", "false", "no", "off"}:
-        return False
-    raise ValueError(f"s3:// option {name} must be true or false, got {value!r}")
-
-
-def _as_number(value: Any, name: str, kind: Callable[[Any], T]) -> T:
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"s3:// option {name} must be a number, got {value!r}") from None
-
-
 def _error_code(exc: Exception) -> tuple[str, int | None]:
     response: dict[str, Any] = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", "") or "")
@@ -374,12 +357,12 @@ class S3Backend:
         self._root = root
         self._endpoint: str | None = opts.get("endpoint_url") or None
         retries = dict(opts.get("retries") or {})
-        self._max_attempts = _as_number(
+        self._max_attempts = option_int(
             opts.get(
                 "max_attempts", retries.get("max_attempts", retries.get("total_max_attempts", 5))
             ),
             "max_attempts",
-            int,
+            scheme="s3://",
         )
         self._retry_mode = str(opts.get("retry_mode", retries.get("mode", "standard")))
         if self._retry_mode not in {"standard", "adaptive", "legacy"}:
@@ -394,20 +377,28 @@ class S3Backend:
             )
         self._addressing_style = str(style)
         self._region: str | None = opts.get("region_name") or None
-        self._connect_timeout = _as_number(
-            opts.get("connect_timeout", 10), "connect_timeout", float
+        self._connect_timeout = option_seconds(
+            opts.get("connect_timeout", 10), "connect_timeout", scheme="s3://"
         )
-        self._read_timeout = _as_number(opts.get("read_timeout", 60), "read_timeout", float)
-        self._pool = _as_number(opts.get("max_pool_connections", 32), "max_pool_connections", int)
-        self._concurrency = max(1, _as_number(opts.get("concurrency", 16), "concurrency", int))
-        self._page_size = _as_number(opts.get("page_size", 1000), "page_size", int)
+        self._read_timeout = option_seconds(
+            opts.get("read_timeout", 60), "read_timeout", scheme="s3://"
+        )
+        self._pool = option_int(
+            opts.get("max_pool_connections", 32), "max_pool_connections", scheme="s3://", minimum=1
+        )
+        self._concurrency = max(
+            1, option_int(opts.get("concurrency", 16), "concurrency", scheme="s3://")
+        )
+        self._page_size = option_int(opts.get("page_size", 1000), "page_size", scheme="s3://")
         if not 1 <= self._page_size <= 1000:
             raise ValueError(f"s3:// option page_size must be 1 to 1000, got {self._page_size}")
         self._profile: str | None = opts.get("profile_name") or None
         self._checksum: str | None = opts.get("request_checksum_calculation") or None
-        self._create_bucket = _as_bool(opts.get("create_bucket", False), "create_bucket")
-        self._verify = _as_bool(
-            opts.get("verify_conditional_writes", True), "verify_conditional_writes"
+        self._create_bucket = option_bool(
+            opts.get("create_bucket", False), "create_bucket", scheme="s3://"
+        )
+        self._verify = option_bool(
+            opts.get("verify_conditional_writes", True), "verify_conditional_writes", scheme="s3://"
         )
         # Kept apart from everything that is printed.
         self._secrets = {k: str(v) for k, v in opts.items() if k in _SECRETS and v}

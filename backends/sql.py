@@ -99,6 +99,7 @@ from checkpoint_stores.errors import (
     ValueTooLargeError,
 )
 from checkpoint_stores.keys import prefix_upper_bound
+from checkpoint_stores.options import option_bool, option_int, option_seconds
 from checkpoint_stores.spi import Capabilities
 from checkpoint_stores.urls import redact_url
 
@@ -166,27 +167,6 @@ _ROWCOUNT: Final = {"preserve_rowcount": True}
 # Failures below the DBAPI: refused or reset sockets, driver timeouts (asyncio's
 # TimeoutError is a distinct class before Python 3.11), pool checkout timeouts.
 _OUTAGES: Final = (OSError, TimeoutError, asyncio.TimeoutError, sa_exc.TimeoutError)
-
-
-def _as_bool(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in {"1", "true", "yes", "on"}:
-        return True
-    if text in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(f"option {name}={value!r} must be true or false")
-
-
-def _as_number(value: Any, name: str, kind: type[int] | type[float]) -> Any:
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"option {name}={value!r} must be a {kind.__name__}") from None
-    if number < 0:
-        raise ValueError(f"option {name}={value!r} must not be negative")
-    return number
 
 
 def _identifier(value: Any, what: str, reserve: int = 0) -> str:
@@ -332,20 +312,24 @@ class SQLBackend:
                 "option schema is for PostgreSQL; on MySQL name the database in the URL"
             )
         self.schema: str | None = None if schema is None else _identifier(schema, "schema name")
-        self._pool_size = int(_as_number(merged.get("pool_size", 5), "pool_size", int))
-        self._max_overflow = int(_as_number(merged.get("max_overflow", 10), "max_overflow", int))
-        self._pool_recycle = float(
-            _as_number(merged.get("pool_recycle", 1800), "pool_recycle", float)
+        self._pool_size = option_int(merged.get("pool_size", 5), "pool_size", scheme="sql")
+        self._max_overflow = option_int(
+            merged.get("max_overflow", 10), "max_overflow", scheme="sql"
         )
-        self._pre_ping = _as_bool(merged.get("pool_pre_ping", False), "pool_pre_ping")
-        self._timeout = float(_as_number(merged.get("timeout", 30), "timeout", float))
-        self._pgbouncer = _as_bool(merged.get("pgbouncer", False), "pgbouncer")
+        self._pool_recycle = option_seconds(
+            merged.get("pool_recycle", 1800), "pool_recycle", scheme="sql"
+        )
+        self._pre_ping = option_bool(
+            merged.get("pool_pre_ping", False), "pool_pre_ping", scheme="sql"
+        )
+        self._timeout = option_seconds(merged.get("timeout", 30), "timeout", scheme="sql")
+        self._pgbouncer = option_bool(merged.get("pgbouncer", False), "pgbouncer", scheme="sql")
         synchronous = str(merged.get("sqlite_synchronous", "full")).strip().upper()
         if synchronous not in {"FULL", "NORMAL", "EXTRA"}:
             raise ValueError("option sqlite_synchronous must be 'full', 'normal' or 'extra'")
         self._synchronous = synchronous
-        self._busy_timeout = float(
-            _as_number(merged.get("sqlite_busy_timeout", 30), "sqlite_busy_timeout", float)
+        self._busy_timeout = option_seconds(
+            merged.get("sqlite_busy_timeout", 30), "sqlite_busy_timeout", scheme="sql"
         )
         extra_args = merged.get("connect_args") or {}
         if not isinstance(extra_args, Mapping):
