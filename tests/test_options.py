@@ -60,5 +60,5 @@ def test_durations() -> None:
     assert option_optional_seconds("", "ttl", scheme="redis://") is None
     assert option_optional_seconds("60", "ttl", scheme="redis://") == 60.0
     assert option_float("0.5", "ratio", scheme="x", minimum=0.1) == 0.5
-    with pytest.raises(ValueError, match=">= 0.1"):
+    with pytest.raises(ValueError, match=r">= 0\.1"):
         option_float("0.05", "ratio", scheme="x", minimum=0.1)
