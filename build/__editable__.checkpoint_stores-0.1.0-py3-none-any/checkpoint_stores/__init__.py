@@ -1,1 +1,0 @@
-/work/main/core/__init__.py

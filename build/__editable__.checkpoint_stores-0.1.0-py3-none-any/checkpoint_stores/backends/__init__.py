@@ -1,1 +1,0 @@
-/work/main/backends/__init__.py
