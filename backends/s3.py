@@ -727,7 +727,9 @@ class S3Backend:
             endpoint_url=self._endpoint,
             region_name=region,
             config=AioConfig(**config),
-            **self._secrets,
+            aws_access_key_id=self._secrets.get("aws_access_key_id"),
+            aws_secret_access_key=self._secrets.get("aws_secret_access_key"),
+            aws_session_token=self._secrets.get("aws_session_token"),
         )
 
     async def _ensure_bucket(self) -> None:
