@@ -2,12 +2,12 @@
 
 * commit: ``FileBackend.commit`` (pre-encoded bytes, one record plus the head)
   against a plain synchronous loop doing what a crash-safe commit needs and
-  nothing else: take an ``flock``, then for each of the two files a temp
-  write, ``fsync``, ``os.replace`` and a directory ``fsync``. The raw loop runs
-  on the event loop thread without a worker-thread hop, so the ratio also
-  pays for ``asyncio.to_thread``, the head read (the seq comparison) and the
-  28-byte file header with its CRC. For 1 KB and 100 KB records, fsync on
-  (the default).
+  nothing else: take an ``flock``, read the head (a compare-and-set must know
+  the stored seq), then for each of the two files a temp write, ``fsync``,
+  ``os.replace`` and a directory ``fsync``. The raw loop runs on the event
+  loop thread without a worker-thread hop, so the ratio also pays for
+  ``asyncio.to_thread``, the seq comparison and the 28-byte file header with
+  its CRC. For 1 KB and 100 KB records, fsync on (the default).
 * append: ``MemoryStore.append`` (the checkpoint built, encoded, zstd above
   16 KiB, committed) against the same raw loop, reported for information.
 * latest: ``MemoryStore.latest`` on a run of 100,000 records against one of
@@ -59,10 +59,15 @@ def _raw_write(directory: Path, name: str, data: bytes, tag: str) -> None:
 
 
 def _raw_commit(directory: Path, n: int, data: bytes) -> None:
-    """What one commit must do on disk: flock, then record and head, each made durable."""
+    """What one commit must do on disk: flock, read the head, then record and head, durably."""
     lock = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(directory / "head", "rb") as handle:
+                handle.read()
+        except FileNotFoundError:
+            pass
         _raw_write(directory, f"record-{n}", data, f"{n}-r")
         _raw_write(directory, "head", data, f"{n}-h")
     finally:
@@ -98,7 +103,7 @@ async def _commits(report: Report, root: Path) -> None:
             rounds=ROUNDS,
             warmup=10,
             target=0.8,
-            note="raw: flock + 2x(temp write, fsync, replace, dir fsync), no thread hop",
+            note="raw: flock + head read + 2x(temp write, fsync, replace, dir fsync), no thread hop",
         )
 
     store = MemoryStore(backend)
