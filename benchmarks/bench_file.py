@@ -103,7 +103,7 @@ async def _commits(report: Report, root: Path) -> None:
             rounds=ROUNDS,
             warmup=10,
             target=0.8,
-            note="raw: flock + head read + 2x(temp write, fsync, replace, dir fsync), no thread hop",
+            note="raw: flock, head read, 2x(temp write, fsync, replace, dir fsync); no thread hop",
         )
 
     store = MemoryStore(backend)
