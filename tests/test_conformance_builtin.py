@@ -2,38 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from checkpoint_stores.conformance import StoreConformance
-from tests.support import ServerInfo
+from tests.kit_support import ServerConformance
 
 
-class TestMemoryConformance(StoreConformance):
+class TestMemoryConformance(ServerConformance):
     """memory:// honestly lacks cross_process and durable: those checks skip, the rest pass."""
 
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, memory_server: ServerInfo) -> str:
-        return memory_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, memory_server: ServerInfo) -> dict[str, Any]:
-        return memory_server.options
+    server_fixture = "memory_server"
 
 
 @pytest.mark.file
-class TestFileConformance(StoreConformance):
+class TestFileConformance(ServerConformance):
     """file:// declares cross_process and durable, so the process races and reopen checks run."""
 
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, file_server: ServerInfo) -> str:
-        return file_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, file_server: ServerInfo) -> dict[str, Any]:
-        return file_server.options
+    server_fixture = "file_server"

@@ -21,7 +21,7 @@ from pymongo import AsyncMongoClient, MongoClient
 
 from checkpoint_stores import StorageBackend
 from checkpoint_stores.backends.mongodb import MongoBackend
-from checkpoint_stores.conformance import StoreConformance
+from tests.kit_support import ServerConformance
 from tests.support import ServerInfo
 
 
@@ -34,7 +34,9 @@ def _has_transactions(url: str) -> bool:
     return "setName" in hello or hello.get("msg") == "isdbgrid"
 
 
-class _MongoConformance(StoreConformance):
+class _MongoConformance(ServerConformance):
+    server_fixture = "mongodb_server"
+
     """Shared backdoor: overwrite the document's ``value`` directly."""
 
     async def backdoor_corrupt(
@@ -63,27 +65,17 @@ class _MongoConformance(StoreConformance):
 class TestMongoConformance(_MongoConformance):
     @pytest.fixture(scope="class")
     @classmethod
-    def store_url(cls, mongodb_server: ServerInfo) -> str:
-        return mongodb_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, mongodb_server: ServerInfo) -> dict[str, Any]:
-        if not _has_transactions(mongodb_server.url):
-            if "SecantusDB" in mongodb_server.description:
+    def store_options(cls, server: ServerInfo) -> dict[str, Any]:
+        if not _has_transactions(server.url):
+            if "SecantusDB" in server.description:
                 pytest.fail("the session's SecantusDB must be a replica set (transactions)")
             pytest.skip("a standalone server: covered by TestMongoConformanceWithoutTransactions")
-        return {**mongodb_server.options, "collection": "kit", "transactions": "on"}
+        return {**server.options, "collection": "kit", "transactions": "on"}
 
 
 @pytest.mark.mongodb
 class TestMongoConformanceWithoutTransactions(_MongoConformance):
     @pytest.fixture(scope="class")
     @classmethod
-    def store_url(cls, mongodb_server: ServerInfo) -> str:
-        return mongodb_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, mongodb_server: ServerInfo) -> dict[str, Any]:
-        return {**mongodb_server.options, "collection": "kit_ordered", "transactions": "off"}
+    def store_options(cls, server: ServerInfo) -> dict[str, Any]:
+        return {**server.options, "collection": "kit_ordered", "transactions": "off"}

@@ -8,17 +8,15 @@ codec's checks catch damage that Redis hands back.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from checkpoint_stores import StorageBackend
 from checkpoint_stores.backends.redis import RedisBackend
-from checkpoint_stores.conformance import StoreConformance
-from tests.support import ServerInfo
+from tests.kit_support import ServerConformance
 
 
-class _RedisConformance(StoreConformance):
+class _RedisConformance(ServerConformance):
     """Shared backdoor: overwrite the value key directly."""
 
     async def backdoor_corrupt(
@@ -39,25 +37,9 @@ class _RedisConformance(StoreConformance):
 
 @pytest.mark.redis
 class TestRedisConformance(_RedisConformance):
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, redis_server: ServerInfo) -> str:
-        return redis_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, redis_server: ServerInfo) -> dict[str, Any]:
-        return redis_server.options
+    server_fixture = "redis_server"
 
 
 @pytest.mark.redis
 class TestRedisClusterConformance(_RedisConformance):
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, redis_cluster_server: ServerInfo) -> str:
-        return redis_cluster_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, redis_cluster_server: ServerInfo) -> dict[str, Any]:
-        return redis_cluster_server.options
+    server_fixture = "redis_cluster_server"

@@ -10,28 +10,18 @@ truncated or foreign object) is covered in ``test_s3.py``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from checkpoint_stores import StorageBackend
 from checkpoint_stores.backends import s3 as s3_module
 from checkpoint_stores.backends.s3 import S3Backend
-from checkpoint_stores.conformance import StoreConformance
-from tests.support import ServerInfo
+from tests.kit_support import ServerConformance
 
 
 @pytest.mark.s3
-class TestS3Conformance(StoreConformance):
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, s3_server: ServerInfo) -> str:
-        return s3_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, s3_server: ServerInfo) -> dict[str, Any]:
-        return s3_server.options
+class TestS3Conformance(ServerConformance):
+    server_fixture = "s3_server"
 
     async def backdoor_corrupt(
         self,

@@ -8,18 +8,17 @@ damage the database hands back.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from sqlalchemy import update
 
 from checkpoint_stores import StorageBackend
 from checkpoint_stores.backends.sql import SQLBackend
-from checkpoint_stores.conformance import StoreConformance
+from tests.kit_support import ServerConformance
 from tests.support import ServerInfo
 
 
-class _SQLConformance(StoreConformance):
+class _SQLConformance(ServerConformance):
     """Shared backdoor: rewrite the row's value in SQL, keeping its seq."""
 
     async def backdoor_corrupt(
@@ -49,53 +48,26 @@ class _SQLConformance(StoreConformance):
 
 @pytest.mark.sql
 class TestPostgresConformance(_SQLConformance):
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, postgres_server: ServerInfo) -> str:
-        return postgres_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, postgres_server: ServerInfo) -> dict[str, Any]:
-        return postgres_server.options
+    server_fixture = "postgres_server"
 
 
 @pytest.mark.sql
 class TestPostgresPsycopgConformance(_SQLConformance):
     """psycopg 3 runs through SQLAlchemy's generic execution path (no asyncpg fast path)."""
 
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, postgres_server: ServerInfo) -> str:
-        return postgres_server.url.replace("+asyncpg", "+psycopg")
+    server_fixture = "postgres_server"
 
     @pytest.fixture(scope="class")
     @classmethod
-    def store_options(cls, postgres_server: ServerInfo) -> dict[str, Any]:
-        return postgres_server.options
+    def store_url(cls, server: ServerInfo) -> str:
+        return server.url.replace("+asyncpg", "+psycopg")
 
 
 @pytest.mark.sql
 class TestSQLiteConformance(_SQLConformance):
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, sqlite_server: ServerInfo) -> str:
-        return sqlite_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, sqlite_server: ServerInfo) -> dict[str, Any]:
-        return sqlite_server.options
+    server_fixture = "sqlite_server"
 
 
 @pytest.mark.sql
 class TestMariaDBConformance(_SQLConformance):
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_url(cls, mariadb_server: ServerInfo) -> str:
-        return mariadb_server.url
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def store_options(cls, mariadb_server: ServerInfo) -> dict[str, Any]:
-        return mariadb_server.options
+    server_fixture = "mariadb_server"
