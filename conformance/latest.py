@@ -373,6 +373,27 @@ class LatestChecks:
             problems.append(f"a record written during the race does not decode: {exc}")
         return problems
 
+    async def _expect_race_outcome(
+        self,
+        ctx: CheckContext,
+        thread: str,
+        run: str,
+        attempts: Sequence[Attempt],
+        problems: list[str],
+        *,
+        seqs_needing_a_winner: int,
+        who: str,
+        setup: str,
+    ) -> None:
+        """Judge a race: every contested seq had a winner, the commit history never
+        forked or went backwards, the final state is sound; else fail with ``setup``."""
+        for seq in range(1, seqs_needing_a_winner + 1):
+            if not any(a.ok for a in attempts if a.seq == seq):
+                problems.append(f"no {who}'s commit of seq {seq} succeeded")
+        problems = commit_history_problems(attempts) + problems
+        problems += await self._final_state_problems(ctx.store, thread, run, attempts)
+        ctx.expect(not problems, lambda: "\n".join(problems[:8]) + f"\n({setup})")
+
     @check("latest.concurrent_tasks_no_fork")
     async def test_latest_concurrent_tasks_no_fork(self, ctx: CheckContext) -> None:
         """of many tasks committing the same seq at once, exactly one succeeds and latest holds its
@@ -380,18 +401,12 @@ class LatestChecks:
         """
         thread, run = ctx.thread(), ctx.run_id()
         attempts, problems = await self._task_race(ctx, thread, run, same_seq=True, base=0)
-        for rnd in range(1, self.race_rounds + 1):
-            if not any(a.ok for a in attempts if a.seq == rnd):
-                problems.append(f"no writer's commit of seq {rnd} succeeded (head was lower)")
-        problems = commit_history_problems(attempts) + problems
-        problems += await self._final_state_problems(ctx.store, thread, run, attempts)
-        ctx.expect(
-            not problems,
-            lambda: (
-                "\n".join(problems[:8])
-                + f"\n({self.race_tasks} tasks x {self.race_rounds} rounds, same seq per round)"
-            ),
-        )
+        await self._expect_race_outcome(
+            ctx, thread, run, attempts, problems,
+            seqs_needing_a_winner=self.race_rounds,
+            who="writer",
+            setup=f"{self.race_tasks} tasks x {self.race_rounds} rounds, same seq per round",
+        )  # fmt: skip
 
     @check("latest.concurrent_tasks_highest_wins")
     async def test_latest_concurrent_tasks_highest_wins(self, ctx: CheckContext) -> None:
@@ -400,15 +415,12 @@ class LatestChecks:
         """
         thread, run = ctx.thread(), ctx.run_id()
         attempts, problems = await self._task_race(ctx, thread, run, same_seq=False, base=0)
-        problems = commit_history_problems(attempts) + problems
-        problems += await self._final_state_problems(ctx.store, thread, run, attempts)
-        ctx.expect(
-            not problems,
-            lambda: (
-                "\n".join(problems[:8])
-                + f"\n({self.race_tasks} tasks x {self.race_rounds} rounds, shuffled seqs)"
-            ),
-        )
+        await self._expect_race_outcome(
+            ctx, thread, run, attempts, problems,
+            seqs_needing_a_winner=0,
+            who="writer",
+            setup=f"{self.race_tasks} tasks x {self.race_rounds} rounds, shuffled seqs",
+        )  # fmt: skip
 
     @check("latest.concurrent_losers_write_nothing", needs=("fenced_commit",))
     async def test_latest_concurrent_losers_write_nothing(self, ctx: CheckContext) -> None:
@@ -481,18 +493,12 @@ class LatestChecks:
                         "lower seq"
                     )
             problems += _monotonic_problems(seen, f"process {w}")
-        for seq in range(1, rounds + 1):
-            if not any(a.ok for a in attempts if a.seq == seq):
-                problems.append(f"no process's commit of seq {seq} succeeded")
-        problems = commit_history_problems(attempts) + problems
-        problems += await self._final_state_problems(ctx.store, thread, run, attempts)
-        ctx.expect(
-            not problems,
-            lambda: (
-                "\n".join(problems[:8])
-                + f"\n({procs} processes x {2 * rounds} commits: same seq, then interleaved seqs)"
-            ),
-        )
+        await self._expect_race_outcome(
+            ctx, thread, run, attempts, problems,
+            seqs_needing_a_winner=rounds,
+            who="process",
+            setup=f"{procs} processes x {2 * rounds} commits: same seq, then interleaved seqs",
+        )  # fmt: skip
 
     async def _kill_writers(
         self,
